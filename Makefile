@@ -1,0 +1,57 @@
+# The README's two commands: `make run` and `make test`. Everything they need is installed here.
+SHELL := /bin/bash
+PY_BASE ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+AIPERF_VENV := .venv-aiperf
+RUN ?=
+REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
+PIP_QUIET := -q --disable-pip-version-check
+
+.PHONY: run test book venv unit nbval reference lint clean-build
+
+# The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
+# that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PY_BASE) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_QUIET) torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install $(PIP_QUIET) -r requirements.txt 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
+	$(PY) -m pip install $(PIP_QUIET) --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
+	touch $@
+
+# AIPerf apart: its pins (pandas~=2.3.3, ...) fight the book stack's pandas 3.1.1.
+$(AIPERF_VENV)/.installed: requirements-aiperf.txt
+	test -x $(AIPERF_VENV)/bin/python || $(PY_BASE) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install $(PIP_QUIET) -r requirements-aiperf.txt 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
+	touch $@
+
+venv: $(VENV)/.installed $(AIPERF_VENV)/.installed
+
+# The whole guide on the local context, into a new results/<run_id>/, then the book from it.
+run: venv
+	$(PY) -m lib.runner run --context local
+
+book: venv
+	@test -n "$(RUN)" || { echo "usage: make book RUN=<run_id> (a folder of results/)"; exit 2; }
+	$(PY) -m lib.runner book $(RUN)
+
+# Store a recorded run as the committed reference (notebooks/ carry its outputs).
+reference: venv
+	@test -n "$(RUN)" || { echo "usage: make reference RUN=<run_id>"; exit 2; }
+	$(PY) -m lib.runner reference $(RUN)
+
+unit: venv
+	$(PY) -m pytest -q tests
+
+# Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence.
+nbval: venv
+	@test -n "$(REFERENCE)" || { echo "results/REFERENCE names no reference run"; exit 2; }
+	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -q -p no:cacheprovider --nbval \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+	@for run in $$(cat results/REFERENCE.extra 2>/dev/null); do \
+	  echo "replaying $$run"; \
+	  REPRO_REPLAY=results/$$run $(PY) -m pytest -q -p no:cacheprovider --nbval \
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg results/$$run/notebooks/ || exit 1; \
+	done
+
+test: venv unit nbval

@@ -1,0 +1,54 @@
+"""Build the Jupyter Book (1.x) from one recorded run.
+
+The book is staged in _build/.src: the prose pages of book/, the run's executed notebooks as the
+stage chapters, and pages generated from the run's evidence (run.md, comparison.md). Then
+`jupyter-book build` renders it into _build/html without executing anything.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lib import report
+from lib.door import REPO_ROOT
+from lib.params import STAGES
+
+BUILD = REPO_ROOT / "_build"
+GENERATED = {"run.md": report.run_page, "comparison.md": report.comparison_page}
+
+
+def stage_sources(run_dir: Path, src: Path) -> Path:
+    if src.exists():
+        shutil.rmtree(src)
+    (src / "notebooks").mkdir(parents=True)
+    shutil.copytree(REPO_ROOT / "book", src / "book")
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copyfile(REPO_ROOT / name, src / name)
+    for stage in STAGES:
+        executed = run_dir / "notebooks" / f"{stage}.ipynb"
+        if not executed.exists():  # a stage that did not run still has its page, unexecuted
+            executed = REPO_ROOT / "notebooks" / f"{stage}.ipynb"
+        shutil.copyfile(executed, src / "notebooks" / f"{stage}.ipynb")
+    for name, make in GENERATED.items():
+        (src / "book" / name).write_text(make(run_dir), encoding="utf-8")
+    return src
+
+
+def build(run_dir: Path) -> Path:
+    run_dir = Path(run_dir).resolve()
+    if not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a recorded run (no run.json)")
+    src = stage_sources(run_dir, BUILD / ".src")
+    jb = Path(sys.executable).with_name("jupyter-book")
+    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(REPO_ROOT)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    log = BUILD / "book-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(done.stdout + done.stderr, encoding="utf-8")
+    index = BUILD / "html" / "index.html"
+    if done.returncode != 0 or not index.exists():
+        raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}); see {log}")
+    print(f"book: {index.relative_to(REPO_ROOT)} (from run {run_dir.name})", flush=True)
+    return index

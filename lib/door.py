@@ -1,0 +1,454 @@
+"""The one door to the world.
+
+Every effect and every observation a stage makes goes through a Door: processes (argv lists only,
+a timeout on every call), background servers, HTTP requests, free ports, clocks, host files.
+Recording writes one JSON line per call into ``<run>/transcript.jsonl`` (argv, cwd, the env keys
+it set, rc, duration, stdout/stderr kept whole as files under ``<run>/calls/<stage>/``), with
+secrets redacted before anything is written. The values handed back to the caller are the
+redacted, recorded ones, so a recorded run and its replay see exactly the same data.
+
+Replay (``REPRO_REPLAY=<run dir>``) answers each call from the transcript, in order, per stage,
+and raises ReplayMismatch naming the call when the code asks for something else.
+
+Paths inside the run directory and the repository are recorded as ``{run}`` and ``{repo}`` so a
+run recorded in one checkout replays in another.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sh
+
+from lib import redact as redaction
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ALL_EXIT_CODES = list(range(-64, 256))
+KILL_GRACE_S = 10.0
+
+
+class DoorError(RuntimeError):
+    """A call through the door could not be made as asked."""
+
+
+class ReplayMismatch(DoorError):
+    """The code asked for a call that the recorded transcript does not hold at this point."""
+
+
+class CommandError(DoorError):
+    """A command exited with a code outside its ok codes (RAN / STDOUT / STDERR, truncated)."""
+
+    TRUNCATE = 750
+
+    def __init__(self, result: "CallResult"):
+        self.result = result
+        super().__init__(
+            f"\n  RAN: {' '.join(result.argv)}\n  RC: {result.rc}"
+            f"{' (timed out)' if result.timed_out else ''}\n"
+            f"  STDOUT:\n{self._cut(result.stdout)}\n  STDERR:\n{self._cut(result.stderr)}"
+        )
+
+    def _cut(self, text: str) -> str:
+        if len(text) <= self.TRUNCATE:
+            return text
+        return text[-self.TRUNCATE:] + f"\n  ... ({len(text) - self.TRUNCATE} more chars in .result)"
+
+
+@dataclass
+class CallResult:
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    seq: int = -1
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+
+@dataclass
+class HttpResult:
+    method: str
+    url: str
+    status: int | None
+    body: str
+    error: str | None
+    duration_s: float
+    seq: int = -1
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Background:
+    """A long-running process started through the door (a server)."""
+
+    argv: list[str]
+    pid: int
+    log_path: Path
+    seq: int
+    _running: Any = field(default=None, repr=False)
+
+
+class Door:
+    def __init__(self, run_dir: Path, stage: str, *, replay: bool = False):
+        self.run_dir = Path(run_dir).resolve()
+        self.stage = stage
+        self.replay = replay
+        self.transcript_path = self.run_dir / "transcript.jsonl"
+        self.calls_dir = self.run_dir / "calls" / stage
+        self._seq = 0
+        self._script: list[dict] = []
+        if replay:
+            self._script = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
+        else:
+            done = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
+            self._seq = len(done)
+
+    # ---- path normalisation: recorded text names {run} and {repo}, never this checkout -------
+    def norm(self, text: str) -> str:
+        text = text.replace(str(self.run_dir), "{run}")
+        return text.replace(str(REPO_ROOT), "{repo}")
+
+    def denorm(self, text: str) -> str:
+        return text.replace("{run}", str(self.run_dir)).replace("{repo}", str(REPO_ROOT))
+
+    def _clean(self, text: str) -> str:
+        return redaction.redact(self.norm(text))
+
+    def _clean_argv(self, argv: list[str]) -> list[str]:
+        return redaction.redact_argv([self.norm(str(a)) for a in argv])
+
+    # ---- transcript ---------------------------------------------------------------------------
+    def _next(self, kind: str, key: Any) -> dict:
+        """Replay: the next recorded call of this stage, which must be `kind` with `key`."""
+        index = self._seq
+        self._seq += 1
+        if index >= len(self._script):
+            raise ReplayMismatch(
+                f"replay: stage {self.stage} call #{index}: the code asks for {kind} {key!r}, "
+                f"but the transcript holds only {len(self._script)} calls for this stage"
+            )
+        entry = self._script[index]
+        if entry["kind"] != kind or entry["key"] != key:
+            raise ReplayMismatch(
+                f"replay: stage {self.stage} call #{index} differs:\n"
+                f"  the code asks for  {kind} {key!r}\n"
+                f"  the transcript has {entry['kind']} {entry['key']!r}"
+            )
+        return entry
+
+    def _record(self, kind: str, key: Any, **fields: Any) -> dict:
+        entry = {"stage": self.stage, "seq": self._seq, "kind": kind, "key": key, **fields}
+        self._seq += 1
+        self.transcript_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.transcript_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        return entry
+
+    def remaining(self) -> int:
+        """Replay: recorded calls of this stage the code has not asked for."""
+        return max(0, len(self._script) - self._seq) if self.replay else 0
+
+    def _write_stream(self, seq: int, name: str, text: str) -> str:
+        self.calls_dir.mkdir(parents=True, exist_ok=True)
+        path = self.calls_dir / f"{seq:04d}.{name}"
+        path.write_text(text, encoding="utf-8")
+        return str(path.relative_to(self.run_dir))
+
+    def _read_stream(self, rel: str) -> str:
+        return (self.run_dir / rel).read_text(encoding="utf-8")
+
+    # ---- processes ----------------------------------------------------------------------------
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        cwd: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+        check: bool = True,
+        ok_codes: tuple[int, ...] = (0,),
+    ) -> CallResult:
+        """Run argv to completion. `env` holds only the keys to set over the current environment."""
+        if isinstance(argv, str):
+            raise DoorError("door.run takes an argv list, never a shell string")
+        if not timeout or timeout <= 0:
+            raise DoorError(f"door.run needs a positive timeout, got {timeout!r}")
+        argv = [str(a) for a in argv]
+        key = self._clean_argv(argv)
+        if self.replay:
+            entry = self._next("run", key)
+            result = CallResult(
+                argv=key, rc=entry["rc"], stdout=self._read_stream(entry["stdout"]),
+                stderr=self._read_stream(entry["stderr"]), duration_s=entry["duration_s"],
+                timed_out=entry["timed_out"], seq=entry["seq"],
+            )
+        else:
+            rc, out, err, duration, timed_out = _execute(argv, timeout, cwd, env, input)
+            seq = self._seq
+            out, err = self._clean(out), self._clean(err)
+            self._record(
+                "run", key, cwd=self.norm(str(cwd)) if cwd else None,
+                env=redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()}),
+                timeout_s=timeout, rc=rc, duration_s=round(duration, 6), timed_out=timed_out,
+                stdout=self._write_stream(seq, "stdout", out),
+                stderr=self._write_stream(seq, "stderr", err),
+            )
+            result = CallResult(key, rc, out, err, round(duration, 6), timed_out, seq)
+        if check and (result.rc not in ok_codes or result.timed_out):
+            raise CommandError(result)
+        return result
+
+    def start(
+        self, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> Background:
+        """Start a long-running process in its own session, its output into log_path."""
+        argv = [str(a) for a in argv]
+        key = self._clean_argv(argv)
+        log_path = Path(log_path)
+        if self.replay:
+            entry = self._next("start", key)
+            return Background(key, entry["pid"], log_path, entry["seq"])
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        seq = self._seq
+        try:
+            running = sh.Command(argv[0])(
+                *argv[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
+                _cwd=str(cwd) if cwd else None, _env=_full_env(env), _new_session=True,
+                _ok_code=ALL_EXIT_CODES,
+            )
+            pid, error = running.pid, None
+        except sh.CommandNotFound as exc:
+            running, pid, error = None, -1, f"command not found: {exc}"
+        self._record(
+            "start", key, pid=pid, error=error, log=self.norm(str(log_path)),
+            env=redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()}),
+            cwd=self.norm(str(cwd)) if cwd else None,
+        )
+        if error:
+            raise DoorError(error)
+        return Background(key, pid, log_path, seq, running)
+
+    def poll(self, proc: Background) -> int | None:
+        """The exit code of a background process, or None while it runs."""
+        key = {"pid_of": proc.seq}
+        if self.replay:
+            return self._next("poll", key)["rc"]
+        rc = None
+        if proc._running is not None and not proc._running.process.is_alive()[0]:
+            rc = proc._running.process.exit_code
+        self._record("poll", key, rc=rc)
+        return rc
+
+    def stop(self, proc: Background, *, timeout: float = KILL_GRACE_S) -> int | None:
+        """Stop a background process by its PID (its whole session): TERM, then KILL."""
+        key = {"pid_of": proc.seq}
+        if self.replay:
+            return self._next("stop", key)["rc"]
+        rc, killed = None, False
+        if proc._running is not None:
+            rc, killed = _terminate(proc, timeout)
+        redact_file(proc.log_path)
+        self._record("stop", key, rc=rc, killed=killed)
+        return rc
+
+    # ---- observations -----------------------------------------------------------------------
+    def http(
+        self, method: str, url: str, *, timeout: float, json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> HttpResult:
+        """One HTTP request. Request headers are sent but recorded by name only (they carry
+        tokens); response headers are recorded redacted."""
+        key = {"method": method, "url": self.norm(url)}
+        if self.replay:
+            e = self._next("http", key)
+            return HttpResult(method, url, e["status"], self._read_stream(e["body"]), e["error"],
+                              e["duration_s"], e["seq"], e.get("headers") or {})
+        status, body, error, duration, got = _http(method, url, timeout, json_body, headers)
+        seq = self._seq
+        body = self._clean(body)
+        got = {k: self._clean(v) for k, v in got.items()}
+        self._record("http", key, status=status, error=error, duration_s=round(duration, 6),
+                     request=None if json_body is None else json.loads(self._clean(json.dumps(json_body))),
+                     request_headers=sorted(headers or {}), headers=got,
+                     body=self._write_stream(seq, "body", body))
+        return HttpResult(method, url, status, body, error, round(duration, 6), seq, got)
+
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch, recorded (a clock used as a measurement)."""
+        if self.replay:
+            return self._next("clock", "now")["value"]
+        value = time.time()
+        self._record("clock", "now", value=value)
+        return value
+
+    def sleep(self, seconds: float) -> None:
+        """Waiting observes nothing, so replay skips it."""
+        if not self.replay:
+            time.sleep(seconds)
+
+    def free_port(self) -> int:
+        if self.replay:
+            return self._next("port", "free")["value"]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self._record("port", "free", value=port)
+        return port
+
+    def port_listening(self, port: int) -> bool:
+        key = {"port": port}
+        if self.replay:
+            return self._next("listening", key)["value"]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            value = s.connect_ex(("127.0.0.1", port)) == 0
+        self._record("listening", key, value=value)
+        return value
+
+    def read_text(self, path: str | Path) -> str | None:
+        """A host file's text (or None when absent/unreadable), recorded."""
+        key = self.norm(str(path))
+        if self.replay:
+            e = self._next("read", key)
+            return None if e["body"] is None else self._read_stream(e["body"])
+        try:
+            text = self._clean(Path(path).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            text = None
+        seq = self._seq
+        body = None if text is None else self._write_stream(seq, "read", text)
+        self._record("read", key, body=body)
+        return text
+
+    def listdir(self, path: str | Path) -> list[str] | None:
+        key = self.norm(str(path))
+        if self.replay:
+            return self._next("listdir", key)["value"]
+        try:
+            value = sorted(os.listdir(path))
+        except OSError:
+            value = None
+        self._record("listdir", key, value=value)
+        return value
+
+    def which(self, program: str) -> str | None:
+        if self.replay:
+            return self._next("which", program)["value"]
+        found = shutil.which(program)
+        value = self.norm(str(found)) if found else None
+        self._record("which", program, value=value)
+        return value
+
+
+# ---- helpers that touch the world (record mode only) -------------------------------------------
+def _full_env(env: dict[str, str] | None) -> dict[str, str]:
+    full = dict(os.environ)
+    full.update(env or {})
+    return full
+
+
+def _execute(argv, timeout, cwd, env, input):
+    start = time.monotonic()
+    try:
+        running = sh.Command(argv[0])(
+            *argv[1:], _cwd=str(cwd) if cwd else None, _env=_full_env(env), _timeout=timeout,
+            _ok_code=ALL_EXIT_CODES, _in=input, _return_cmd=True, _tty_out=False,
+        )
+        rc, out, err, timed_out = running.exit_code, running.stdout, running.stderr, False
+    except sh.TimeoutException as exc:
+        rc, out, err, timed_out = 124, b"", f"timed out after {timeout} s: {exc}".encode(), True
+    except sh.CommandNotFound:
+        rc, out, err, timed_out = 127, b"", f"command not found: {argv[0]}".encode(), False
+    except sh.SignalException as exc:  # killed by a signal: keep what it printed
+        rc, out, err, timed_out = exc.exit_code, exc.stdout, exc.stderr, False
+    decode = lambda b: b.decode("utf-8", errors="replace") if isinstance(b, bytes) else (b or "")
+    return rc, decode(out), decode(err), time.monotonic() - start, timed_out
+
+
+def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool]:
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not proc._running.process.is_alive()[0]:
+                return True
+            time.sleep(0.1)
+        return False
+
+    killed = False
+    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not proc._running.process.is_alive()[0]:
+            break
+        try:
+            os.killpg(proc.pid, sig)  # the process's own session, started with _new_session
+        except ProcessLookupError:
+            break
+        killed = sig == signal.SIGKILL
+        if wait(grace):
+            break
+    return proc._running.process.exit_code, killed
+
+
+def _http(method, url, timeout, json_body, extra_headers=None):
+    data = None
+    headers = dict(extra_headers or {})
+    if json_body is not None:
+        data = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, body, error = response.status, response.read().decode("utf-8", "replace"), None
+            got = dict(response.headers.items())
+    except urllib.error.HTTPError as exc:
+        status, body, error = exc.code, exc.read().decode("utf-8", "replace"), None
+        got = dict(exc.headers.items()) if exc.headers else {}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        status, body, error, got = None, "", f"{type(reason).__name__}: {reason}", {}
+    return status, body, error, time.monotonic() - start, got
+
+
+def read_transcript(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def redact_file(path: Path) -> bool:
+    """Rewrite a text file with secrets masked; returns whether anything changed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = redaction.redact(text)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8")
+        return True
+    return False
+
+
+def as_dict(obj) -> dict:
+    data = asdict(obj)
+    data.pop("_running", None)
+    return data

@@ -1,0 +1,211 @@
+"""Every parameter of every stage: type, allowed values, default per context.
+
+A notebook's `parameters` cell holds literal defaults (None meaning "the context's default");
+`resolve` turns them into validated values. Bad input stops here, naming the parameter and its
+allowed values, before any effect and before anything is written into a run.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+CONTEXTS = ("local", "plan", "kube")
+ENGINES = ("transformers", "vllm")
+STAGES = (
+    "00_cluster", "01_public_roots", "02_image", "03_kernel_test", "04_serve", "05_sweep",
+    "06_multicomm",
+)
+RUN_ID_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class ParameterError(ValueError):
+    """A parameter's value is not allowed; the message names it and the allowed values."""
+
+    def __init__(self, name: str, value: Any, allowed: str):
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(f"parameter {name!r} = {value!r} is not allowed; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    allowed: str  # said to a person when the value is refused
+    check: Callable[[Any], Any]  # returns the normalised value or raises ValueError
+    defaults: dict[str, Any]  # per context; key "*" for every context
+    help: str
+
+    def default(self, context: str) -> Any:
+        return self.defaults.get(context, self.defaults.get("*"))
+
+
+def _int_at_least(low: int):
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().lstrip("-").isdigit():
+            raise ValueError
+        n = int(v)
+        if n < low:
+            raise ValueError
+        return n
+    return check
+
+
+def _float_above(low: float):
+    def check(v):
+        f = float(v)
+        if not f > low:
+            raise ValueError
+        return f
+    return check
+
+
+def _one_of(options):
+    def check(v):
+        if v not in options:
+            raise ValueError
+        return v
+    return check
+
+
+def _run_id(v):
+    if not isinstance(v, str) or (v and (not RUN_ID_RULE.match(v) or ".." in v)):
+        raise ValueError
+    return v
+
+
+def _text(v):
+    if not isinstance(v, str):
+        raise ValueError
+    return v
+
+
+def _results_dir(v):
+    if not isinstance(v, str) or not v or "\x00" in v:
+        raise ValueError
+    return v
+
+
+def _int_list(v):
+    """'1,2,4' or [1, 2, 4] -> [1, 2, 4]: positive, unique, ascending."""
+    items = v if isinstance(v, (list, tuple)) else str(v).replace(" ", "").split(",")
+    values = [_int_at_least(1)(x) for x in items if str(x) != ""]
+    if not values or len(set(values)) != len(values):
+        raise ValueError
+    return sorted(values)
+
+
+_PARAMS = [
+    Param("context", "one of " + ", ".join(CONTEXTS), _one_of(CONTEXTS), {"*": "local"},
+          "where the stage runs"),
+    Param("run_id", "'' (a new run) or letters, digits, '.', '_', '-' (1-64 chars, starting "
+          "with a letter or digit, no '..')", _run_id, {"*": ""}, "the run to record into"),
+    Param("results_dir", "a directory path", _results_dir, {"*": "results"},
+          "where run directories live (relative to the repository)"),
+    Param("seed", "an integer >= 0", _int_at_least(0), {"*": 0}, "seed of every random draw"),
+    Param("nodes", "an integer >= 1 (1 on the local context)", _int_at_least(1),
+          {"local": 1, "plan": 2, "kube": 2}, "nodes in the run"),
+    Param("gpus_per_node", "an integer >= 0", _int_at_least(0), {"plan": 8, "kube": 8},
+          "GPUs per node (local: detected)"),
+    Param("kube_context", "a kubectl context name", _text, {"*": ""}, "kubectl context"),
+    Param("namespace", "a Kubernetes namespace", _text, {"*": "deepep-repro"}, "namespace"),
+    # 03 kernel test (DeepEP test_ep's meaning)
+    Param("ranks", "an integer >= 2", _int_at_least(2), {"local": 2}, "processes (local)"),
+    Param("num_tokens", "an integer >= 1", _int_at_least(1), {"*": 128}, "tokens per rank"),
+    Param("hidden", "an integer >= 1", _int_at_least(1), {"plan": 7168, "kube": 7168},
+          "hidden size (local: 7168 on GPUs, 256 on CPU)"),
+    Param("num_topk", "an integer >= 1, <= num_experts", _int_at_least(1), {"*": 8}, "top-k"),
+    Param("num_experts", "an integer >= 1, divisible by the ranks", _int_at_least(1),
+          {"*": 256}, "experts"),
+    Param("num_comms", "an integer >= 1", _int_at_least(1), {"*": 1},
+          "communicators the all-to-all is striped over (EP_NUM_COMMS)"),
+    Param("iters", "an integer >= 1", _int_at_least(1), {"local": 30, "*": 50}, "timed iterations"),
+    Param("warmup", "an integer >= 0", _int_at_least(0), {"*": 5}, "untimed iterations"),
+    # 04 serve
+    Param("engine", "one of " + ", ".join(ENGINES) + " ('' picks by hardware)",
+          lambda v: "" if v == "" else _one_of(ENGINES)(v), {"*": ""}, "serving engine"),
+    Param("server_timeout_s", "a number of seconds > 0", _float_above(0),
+          {"local": 180.0, "*": 1800.0}, "how long to wait for the server to be ready"),
+    # 05 sweep
+    Param("concurrency", "a list of integers >= 1, e.g. '1,2,4'", _int_list,
+          {"local": [1, 2, 4], "plan": [4, 8, 32], "kube": [4, 8, 32]}, "concurrency levels"),
+    Param("request_count", "an integer >= 1", _int_at_least(1), {"local": 16, "*": 128},
+          "measured requests per cell"),
+    Param("warmup_requests", "an integer >= 0", _int_at_least(0), {"local": 2, "*": 16},
+          "unmeasured warmup requests per cell"),
+    Param("repeats", "an integer >= 1", _int_at_least(1), {"*": 3}, "repeats per cell"),
+    Param("input_tokens", "an integer >= 1", _int_at_least(1), {"local": 64, "*": 120},
+          "synthetic input tokens (mean)"),
+    Param("output_tokens", "an integer >= 1", _int_at_least(1), {"local": 16, "*": 128},
+          "output tokens per request"),
+    # 06 multicomm
+    Param("arm_a_comms", "an integer >= 1", _int_at_least(1), {"*": 1}, "arm A communicators"),
+    Param("arm_b_comms", "an integer >= 1", _int_at_least(1), {"*": 8}, "arm B communicators"),
+    Param("ab_repeats", "an integer >= 2", _int_at_least(2), {"local": 5, "*": 5},
+          "repeats per arm, interleaved"),
+]
+PARAMS = {p.name: p for p in _PARAMS}
+
+COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
+          "namespace")
+KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
+STAGE_PARAMS: dict[str, tuple[str, ...]] = {
+    "00_cluster": COMMON,
+    "01_public_roots": COMMON,
+    "02_image": COMMON,
+    "03_kernel_test": COMMON + KERNEL,
+    "04_serve": COMMON + ("engine", "server_timeout_s"),
+    "05_sweep": COMMON + ("engine", "server_timeout_s", "concurrency", "request_count",
+                          "warmup_requests", "repeats", "input_tokens", "output_tokens"),
+    "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats"),
+}
+
+
+def resolve(stage: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Validated parameters of `stage`: given values win, None takes the context's default."""
+    if stage not in STAGE_PARAMS:
+        raise ParameterError("stage", stage, "one of " + ", ".join(STAGES))
+    names = STAGE_PARAMS[stage]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ParameterError(unknown[0], given[unknown[0]], f"the parameters of {stage}: "
+                             + ", ".join(names))
+    context = given.get("context")
+    context = PARAMS["context"].default("") if context is None else context
+    _checked(PARAMS["context"], context)
+    resolved: dict[str, Any] = {}
+    for name in names:
+        value = given.get(name)
+        if value is None:
+            value = PARAMS[name].default(context)
+        resolved[name] = None if value is None else _checked(PARAMS[name], value)
+    _check_together(resolved)
+    return resolved
+
+
+def _checked(param: Param, value: Any) -> Any:
+    try:
+        return param.check(value)
+    except (ValueError, TypeError):
+        raise ParameterError(param.name, value, param.allowed) from None
+
+
+def _check_together(p: dict[str, Any]) -> None:
+    """Rules across parameters: said in terms of the parameter a person would change."""
+    if p.get("context") == "local" and p.get("nodes") not in (None, 1):
+        raise ParameterError("nodes", p["nodes"], "1 on the local context (more needs kube)")
+    experts, topk = p.get("num_experts"), p.get("num_topk")
+    if experts is not None and topk is not None and topk > experts:
+        raise ParameterError("num_topk", topk, f"an integer from 1 to num_experts ({experts})")
+    ranks = p.get("ranks") if p.get("context") == "local" else _world(p)
+    if experts is not None and ranks and experts % ranks:
+        raise ParameterError("num_experts", experts,
+                             f"a multiple of the ranks ({ranks}) so every rank holds whole experts")
+    a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
+    if a is not None and a == b:
+        raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")
+
+
+def _world(p: dict[str, Any]) -> int | None:
+    if p.get("nodes") and p.get("gpus_per_node"):
+        return p["nodes"] * p["gpus_per_node"]
+    return None

@@ -1,0 +1,75 @@
+"""Secret redaction: applied to everything before it is written or returned by the door.
+
+Two nets, because either alone leaks:
+- by name: the value of any environment variable whose name looks secret (TOKEN, SECRET, KEY,
+  PASSWORD, ...) is replaced wherever it appears, in argv, env, stdout, stderr and files;
+- by shape: known token formats (Hugging Face ``hf_...``, AWS access key ids, GitHub tokens,
+  ``Bearer ...`` headers, ``--token VALUE`` style arguments) are replaced even when no variable
+  announced them.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|(^|_)KEY($|_)|APIKEY|API_KEY|CREDENTIAL|AUTH", re.I)
+# Names that match the pattern but carry no secret and that evidence needs to show.
+NOT_SECRET_NAMES = frozenset({"KUBECONFIG", "SSH_AUTH_SOCK", "PYTHONHASHSEED"})
+
+TOKEN_SHAPES = [
+    re.compile(r"hf_[A-Za-z0-9]{10,}"),
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}\b"),
+    re.compile(r"(?i)(?<=bearer )[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"(?i)(?<=aws_secret_access_key=)\S+"),
+]
+# `--hf-token X`, `--api-key=X`, `password: X`: the value after a secret-looking flag or key.
+SECRET_FLAG = re.compile(
+    r"(?i)((?:--?|\b)[\w-]*(?:token|secret|password|passwd|api[-_]?key)[\w-]*(?:=|:\s*|\s+))"
+    r"(?!\[REDACTED)([^\s\"',}]+)"
+)
+MASK = "[REDACTED]"
+MIN_SECRET_LEN = 6  # shorter values ("1", "yes") would shred unrelated text
+
+
+def is_secret_name(name: str) -> bool:
+    return name not in NOT_SECRET_NAMES and bool(SECRET_NAME.search(name))
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret-named variables, longest first so overlapping values mask fully."""
+    environ = os.environ if environ is None else environ
+    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str, extra_values: list[str] | None = None) -> str:
+    if not text:
+        return text
+    for value in secret_values() + list(extra_values or []):
+        if value and len(value) >= MIN_SECRET_LEN:
+            text = text.replace(value, MASK)
+    for shape in TOKEN_SHAPES:
+        text = shape.sub(MASK, text)
+    return SECRET_FLAG.sub(lambda m: m.group(1) + MASK, text)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(MASK)
+            mask_next = False
+            continue
+        flag = arg.lstrip("-")
+        if arg.startswith("-") and "=" not in arg and is_secret_name(flag.replace("-", "_")):
+            mask_next = True
+        out.append(redact(arg))
+    return out
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (MASK if is_secret_name(k) else redact(v)) for k, v in env.items()}

@@ -1,0 +1,93 @@
+"""Tables and pages for the book, from evidence only (a run directory), never from the world."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lib import evidence
+from lib.params import STAGES
+
+
+def run_record(run_dir: Path) -> dict:
+    return evidence.read_json(Path(run_dir) / "run.json")
+
+
+def gates_table(run_dir: Path) -> pd.DataFrame:
+    rows = []
+    for stage in STAGES:
+        for g in evidence.read_gates(Path(run_dir) / stage) or []:
+            rows.append({"stage": stage, **g})
+    return pd.DataFrame(rows, columns=["stage", "gate", "status", "observed", "expected",
+                                       "reason", "evidence"])
+
+
+def stage_summary(run_dir: Path) -> pd.DataFrame:
+    rows = []
+    for stage in STAGES:
+        gates = evidence.read_gates(Path(run_dir) / stage)
+        if gates is None:
+            rows.append({"stage": stage, "PASS": 0, "FAIL": 0, "SKIP": 0, "state": "not run"})
+            continue
+        counts = evidence.summarize_gates(gates)
+        state = "FAIL" if counts["FAIL"] else ("PASS" if counts["PASS"] else "SKIP")
+        rows.append({"stage": stage, **counts, "state": state})
+    return pd.DataFrame(rows)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    def cell(v) -> str:
+        text = ", ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else str(v))
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    return head + "".join("| " + " | ".join(cell(v) for v in row) + " |\n"
+                          for row in df.itertuples(index=False))
+
+
+def verification_level(run: dict) -> str:
+    return (f"measured here end-to-end, run `{run['run_id']}` on the `{run['context']}` context "
+            f"({run.get('platform', 'unknown platform')}), guide `{(run['guide'] or {}).get('git_sha')}`")
+
+
+def run_page(run_dir: Path) -> str:
+    run_dir = Path(run_dir)
+    run = run_record(run_dir)
+    problems = evidence.verify(run_dir)
+    sealed = "verified: every file matches SHA256SUMS" if not problems else (
+        "NOT verified: " + "; ".join(problems[:5]))
+    gates = gates_table(run_dir)
+    gates["evidence"] = gates["evidence"].map(lambda e: ", ".join(f"`{p}`" for p in e or []))
+    return (
+        f"# The run this book shows\n\n"
+        f"Verification level of every number on the stage pages: **{verification_level(run)}**.\n\n"
+        f"| | |\n|---|---|\n| run | `{run['run_id']}` |\n| created (UTC) | {run['created_utc']} |\n"
+        f"| context | `{run['context']}` |\n| seed | {run['seed']} |\n"
+        f"| guide git SHA | `{(run['guide'] or {}).get('git_sha')}` "
+        f"(uncommitted changes: {(run['guide'] or {}).get('dirty')}) |\n"
+        f"| pins digest (sha256 of pins.yaml) | `{run['pins_digest']}` |\n"
+        f"| evidence | `results/{run['run_id']}/`, {sealed} |\n"
+        f"| audit | `{run['replay_with']} pytest --nbval results/{run['run_id']}/notebooks/` |\n\n"
+        f"## Stages\n\n{_md_table(stage_summary(run_dir))}\n"
+        f"A SKIP always carries its reason; a FAIL stops the stages that depend on it.\n\n"
+        f"## Every gate\n\n{_md_table(gates)}"
+    )
+
+
+def comparison_page(run_dir: Path) -> str:
+    run = run_record(Path(run_dir))
+    try:
+        from lib import published
+    except ImportError:  # the analytics module is optional for a bare book build
+        return "# Comparison with published figures\n\nNot available in this version.\n"
+    figures = published.run_figures(Path(run_dir))
+    table = published.compare(figures)
+    return (
+        "# Comparison with published figures\n\n"
+        "Each published figure (cited, with its source and date) beside this run's value "
+        f"({verification_level(run)}), the ratio, and a flag outside +/-10 percent.\n\n"
+        "The hardware differs unless the run says otherwise: the published figures are from "
+        "2x p5en (16 H200, EFA); a `local` run is this machine's CPUs or GPUs. A ratio across "
+        "different hardware is shown for orientation, never as a result.\n\n"
+        f"{_md_table(table)}"
+    )

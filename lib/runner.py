@@ -1,0 +1,137 @@
+"""Run the guide: the seven notebooks in order with papermill, then seal the run and build the book.
+
+    python -m lib.runner run [--context local] [--run-id ID] [-p NAME VALUE ...]
+    python -m lib.runner book RUN_ID
+    python -m lib.runner reference RUN_ID   # store a run's executed notebooks in notebooks/
+
+A stage whose gates FAIL stops the stages that depend on it (DEPENDS); the run goes on with the
+others, and the exit code is 1. A notebook that raises stops the run at once.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lib import evidence
+from lib.door import REPO_ROOT
+from lib.params import STAGES
+from lib.stage import new_run_id
+
+NOTEBOOKS = REPO_ROOT / "notebooks"
+RESULTS = REPO_ROOT / "results"
+# Which earlier stages each stage needs to have passed (no FAIL gate).
+DEPENDS = {
+    "00_cluster": (),
+    "01_public_roots": ("00_cluster",),
+    "02_image": ("00_cluster", "01_public_roots"),
+    "03_kernel_test": ("00_cluster",),
+    "04_serve": ("00_cluster",),
+    "05_sweep": ("00_cluster", "04_serve"),
+    "06_multicomm": ("00_cluster", "03_kernel_test"),
+}
+NOTEBOOK_TIMEOUT_S = 1800
+
+
+def papermill_argv(stage: str, run_dir: Path, params: dict[str, str]) -> list[str]:
+    # Both paths always: with stdin a pipe, a single path is taken as the OUTPUT (TOOLCHAIN.md).
+    argv = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{stage}.ipynb"),
+            str(run_dir / "notebooks" / f"{stage}.ipynb"), "--cwd", str(NOTEBOOKS),
+            "--kernel", "python3", "--no-progress-bar", "--execution-timeout",
+            str(NOTEBOOK_TIMEOUT_S)]
+    for name, value in params.items():
+        argv += ["-p", name, str(value)]
+    return argv
+
+
+def failed_stages(run_dir: Path) -> set[str]:
+    failed = set()
+    for stage in STAGES:
+        gates = evidence.read_gates(run_dir / stage)
+        if gates and any(g["status"] == "FAIL" for g in gates):
+            failed.add(stage)
+    return failed
+
+
+def run_guide(context: str, run_id: str | None, extra: dict[str, str],
+              stages: list[str] | None = None) -> tuple[Path, int]:
+    run_id = run_id or new_run_id(RESULTS, context)
+    run_dir = RESULTS / run_id
+    (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    params = {"context": context, "run_id": run_id, **extra}
+    print(f"run {run_id} · context {context} · evidence in results/{run_id}/", flush=True)
+    rc = 0
+    for stage in stages or STAGES:
+        if evidence.read_gates(run_dir / stage) is not None:
+            print(f"[{stage}] already recorded in this run: kept as is", flush=True)
+            continue
+        blocked = [d for d in DEPENDS[stage] if d in failed_stages(run_dir)]
+        if blocked:
+            print(f"[{stage}] not run: {', '.join(blocked)} FAILED", flush=True)
+            rc = 1
+            continue
+        print(f"[{stage}] running ...", flush=True)
+        started = time.monotonic()
+        done = subprocess.run(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
+                              stdin=subprocess.DEVNULL)
+        gates = evidence.read_gates(run_dir / stage)
+        took = time.monotonic() - started
+        if done.returncode != 0 or gates is None:
+            print(f"[{stage}] the notebook failed (papermill rc {done.returncode}) after "
+                  f"{took:.0f} s: see results/{run_id}/notebooks/{stage}.ipynb", flush=True)
+            return run_dir, 2
+        counts = evidence.summarize_gates(gates)
+        print(f"[{stage}] {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "
+              f"in {took:.0f} s", flush=True)
+        for g in gates:
+            if g["status"] == "FAIL":
+                print(f"    FAIL {g['gate']}: {g['reason']}", flush=True)
+                rc = 1
+    evidence.seal(run_dir)
+    return run_dir, rc
+
+
+def store_reference(run_id: str) -> None:
+    """Make a recorded run the committed reference: its executed notebooks into notebooks/."""
+    run_dir = RESULTS / run_id
+    for stage in STAGES:
+        shutil.copyfile(run_dir / "notebooks" / f"{stage}.ipynb", NOTEBOOKS / f"{stage}.ipynb")
+    (RESULTS / "REFERENCE").write_text(run_id + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lib.runner")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the seven stages, seal the run, build the book")
+    run.add_argument("--context", default="local")
+    run.add_argument("--run-id", default=None)
+    run.add_argument("--stages", default=None, help="comma-separated subset, e.g. 00_cluster")
+    run.add_argument("--no-book", action="store_true")
+    run.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    book = sub.add_parser("book", help="build the book from a recorded run")
+    book.add_argument("run_id")
+    ref = sub.add_parser("reference", help="store a run's executed notebooks in notebooks/")
+    ref.add_argument("run_id")
+    args = parser.parse_args(argv)
+
+    from lib import book as book_mod
+
+    if args.command == "run":
+        stages = args.stages.split(",") if args.stages else None
+        run_dir, rc = run_guide(args.context, args.run_id, dict(args.p), stages)
+        if not args.no_book:
+            book_mod.build(run_dir)
+        print(f"run {run_dir.name}: {'PASS' if rc == 0 else 'FAIL'} (exit {rc})", flush=True)
+        return rc
+    if args.command == "book":
+        book_mod.build(RESULTS / args.run_id)
+        return 0
+    store_reference(args.run_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,6 @@ from lib import report
 from lib.door import REPO_ROOT
 from lib.params import STAGES
 
-BUILD = REPO_ROOT / "_build"
 GENERATED = {"run.md": report.run_page, "comparison.md": report.comparison_page}
 
 
@@ -36,19 +35,21 @@ def stage_sources(run_dir: Path, src: Path) -> Path:
     return src
 
 
-def build(run_dir: Path) -> Path:
+def build(run_dir: Path, out_root: Path = REPO_ROOT) -> Path:
+    """Build into <out_root>/_build/html (the repository's by default)."""
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a recorded run (no run.json)")
-    src = stage_sources(run_dir, BUILD / ".src")
+    build_dir = Path(out_root) / "_build"
+    src = stage_sources(run_dir, build_dir / ".src")
     jb = Path(sys.executable).with_name("jupyter-book")
-    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(REPO_ROOT)],
+    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    log = BUILD / "book-build.log"
+    log = build_dir / "book-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
-    index = BUILD / "html" / "index.html"
+    index = build_dir / "html" / "index.html"
     if done.returncode != 0 or not index.exists():
         raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}); see {log}")
-    print(f"book: {index.relative_to(REPO_ROOT)} (from run {run_dir.name})", flush=True)
+    print(f"book: _build/html/index.html (from run {run_dir.name})", flush=True)
     return index

@@ -1,0 +1,106 @@
+"""Parameters, evidence and redaction: the pure parts of the foundation."""
+import subprocess
+
+import pytest
+
+from lib import evidence, params, redact
+from lib.evidence import EvidenceError, Gate
+
+
+# ---- parameters ------------------------------------------------------------------------------
+def test_context_defaults_and_explicit_values_win():
+    local = params.resolve("05_sweep", {"context": "local"})
+    kube = params.resolve("05_sweep", {"context": "kube"})
+    assert local["concurrency"] == [1, 2, 4] and kube["concurrency"] == [4, 8, 32]
+    assert params.resolve("05_sweep", {"concurrency": "8,2"})["concurrency"] == [2, 8]
+    assert params.resolve("03_kernel_test", {"num_comms": 8})["num_comms"] == 8
+
+
+@pytest.mark.parametrize("given, name, allowed", [
+    ({"context": "nowhere"}, "context", "local, plan, kube"),
+    ({"nodes": 0}, "nodes", ">= 1"),
+    ({"run_id": "../../etc"}, "run_id", "letters, digits"),
+    ({"run_id": "a/b"}, "run_id", "letters, digits"),
+    ({"concurrency": "0,2"}, "concurrency", "integers >= 1"),
+    ({"concurrency": -1}, "concurrency", "integers >= 1"),
+    ({"context": "local", "nodes": 2}, "nodes", "1 on the local context"),
+])
+def test_bad_values_name_the_parameter_and_allowed_values(given, name, allowed):
+    stage = "05_sweep"
+    with pytest.raises(params.ParameterError) as err:
+        params.resolve(stage, given)
+    assert err.value.name == name and allowed in str(err.value) and repr(given[name]) in str(err.value)
+
+
+@pytest.mark.parametrize("given, name", [
+    ({"num_topk": 9, "num_experts": 8}, "num_topk"),
+    ({"num_experts": 7, "num_topk": 2, "ranks": 2}, "num_experts"),
+    ({"num_comms": 0}, "num_comms"),
+])
+def test_kernel_rules_across_parameters(given, name):
+    with pytest.raises(params.ParameterError) as err:
+        params.resolve("03_kernel_test", given)
+    assert err.value.name == name
+
+
+def test_unknown_parameter_is_refused():
+    with pytest.raises(params.ParameterError, match="the parameters of 00_cluster"):
+        params.resolve("00_cluster", {"concurrency": "1"})
+
+
+# ---- evidence --------------------------------------------------------------------------------
+def test_gate_rules():
+    with pytest.raises(ValueError, match="needs its reason"):
+        Gate("g", "SKIP")
+    with pytest.raises(ValueError, match="not in"):
+        Gate("g", "WARN")
+    assert evidence.gate("g", False, 1, 2).reason == "observed 1, expected 2"
+
+
+def test_write_new_refuses_to_overwrite(tmp_path):
+    path = evidence.write_json_new(tmp_path / "a.json", {"x": 1})
+    with pytest.raises(EvidenceError, match="append-only"):
+        evidence.write_json_new(path, {"x": 2})
+    assert evidence.read_json(path) == {"x": 1}
+
+
+def test_seal_is_checked_by_sha256sum(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.txt").write_text("hello\n")
+    (tmp_path / "run.json").write_text("{}\n")
+    evidence.seal(tmp_path)
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path).returncode == 0
+    assert evidence.verify(tmp_path) == []
+    (tmp_path / "d" / "f.txt").write_text("changed\n")
+    assert evidence.verify(tmp_path) == ["d/f.txt: changed"]
+    assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=tmp_path,
+                          capture_output=True).returncode != 0
+
+
+# ---- redaction -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    "token hf_plantedSECRET0123456789 here",
+    "AKIAABCDEFGHIJKLMNOP",
+    "Authorization: Bearer abcdefghijklmnop123",
+    "--hf-token=abcdefgh12345",
+    "ghp_abcdefghijklmnopqrstuvwxyz0123",
+])
+def test_token_shapes_are_masked(text):
+    out = redact.redact(text)
+    assert "[REDACTED]" in out
+    for secret in ("plantedSECRET", "ABCDEFGHIJKLMNOP", "abcdefghijklmnop123", "abcdefgh12345",
+                   "abcdefghijklmnopqrstuvwxyz0123"):
+        assert secret not in out
+
+
+def test_secret_named_env_values_are_masked_anywhere(monkeypatch):
+    monkeypatch.setenv("MY_DB_PASSWORD", "correct-horse-battery")
+    assert redact.redact("x=correct-horse-battery;") == "x=[REDACTED];"
+    assert redact.redact_argv(["--password", "correct-horse-battery"]) == ["--password", "[REDACTED]"]
+    assert redact.redact_env({"API_KEY": "zzz", "PATH": "/bin"}) == {"API_KEY": "[REDACTED]",
+                                                                     "PATH": "/bin"}
+
+
+def test_ordinary_text_is_left_alone():
+    text = "NCCL_DEBUG=INFO dispatch 14.8 us, 128 tokens, key-value cache of 128 blocks"
+    assert redact.redact(text) == text

@@ -1,0 +1,155 @@
+"""The door: record, replay, redaction, timeouts, background processes, on real processes."""
+import json
+import shutil
+import socket
+import sys
+
+import pytest
+
+from lib.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
+
+TOKEN = "hf_plantedSECRET0123456789"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return tmp_path / "run"
+
+
+def replay_copy(run_dir, tmp_path, stage="s"):
+    copy = tmp_path / "copy" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    return Door(copy, stage, replay=True)
+
+
+def test_run_records_argv_rc_streams_and_env_keys(run_dir):
+    door = Door(run_dir, "s")
+    result = door.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                      timeout=30, env={"GUIDE_X": "1"}, check=False)
+    assert (result.rc, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    [entry] = read_transcript(run_dir / "transcript.jsonl")
+    assert entry["kind"] == "run" and entry["rc"] == 3 and entry["env"] == {"GUIDE_X": "1"}
+    assert entry["key"][0] == "{repo}/.venv/bin/python"  # recorded relative to the checkout
+    assert (run_dir / entry["stdout"]).read_text() == "out\n"
+    assert (run_dir / entry["stderr"]).read_text() == "err\n"
+
+
+def test_check_raises_with_ran_stdout_stderr(run_dir):
+    door = Door(run_dir, "s")
+    with pytest.raises(CommandError) as err:
+        door.run(["sh", "-c", "echo boom >&2; exit 4"], timeout=10)
+    assert "RAN: sh -c" in str(err.value) and "RC: 4" in str(err.value) and "boom" in str(err.value)
+
+
+def test_every_call_needs_a_timeout_and_an_argv_list(run_dir):
+    door = Door(run_dir, "s")
+    with pytest.raises(DoorError, match="timeout"):
+        door.run(["true"], timeout=0)
+    with pytest.raises(DoorError, match="argv list"):
+        door.run("echo hi", timeout=5)
+
+
+def test_timeout_kills_and_is_recorded(run_dir):
+    door = Door(run_dir, "s")
+    result = door.run(["sleep", "30"], timeout=1, check=False)
+    assert result.timed_out and result.rc == 124 and result.duration_s < 10
+    assert read_transcript(run_dir / "transcript.jsonl")[0]["timed_out"] is True
+
+
+def test_missing_program_is_rc_127_not_a_crash(run_dir):
+    result = Door(run_dir, "s").run(["no-such-program-here"], timeout=5, check=False)
+    assert result.rc == 127 and "command not found" in result.stderr
+
+
+def test_secrets_are_redacted_before_writing(run_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    door = Door(run_dir, "s")
+    result = door.run(["sh", "-c", 'echo "$HF_TOKEN"; echo key AKIAABCDEFGHIJKLMNOP', "--token", TOKEN],
+                      timeout=10, env={"MY_SECRET": "s3cr3t-value-xyz"})
+    assert TOKEN not in result.stdout and "AKIAABCDEFGHIJKLMNOP" not in result.stdout
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert TOKEN not in text and "AKIAABCDEFGHIJKLMNOP" not in text
+            assert "s3cr3t-value-xyz" not in text
+
+
+def test_replay_answers_from_the_transcript_without_running(run_dir, tmp_path):
+    door = Door(run_dir, "s")
+    marker = tmp_path / "ran"
+    door.run(["sh", "-c", f"touch {marker}; echo recorded"], timeout=10)
+    port = door.free_port()
+    now = door.now()
+    marker.unlink()
+    replay = replay_copy(run_dir, tmp_path)
+    result = replay.run(["sh", "-c", f"touch {marker}; echo recorded"], timeout=10)
+    assert result.stdout == "recorded\n" and not marker.exists()
+    assert replay.free_port() == port and replay.now() == now
+    assert replay.remaining() == 0
+
+
+def test_replay_mismatch_names_the_call(run_dir, tmp_path):
+    door = Door(run_dir, "s")
+    door.run(["echo", "one"], timeout=5)
+    door.run(["echo", "two"], timeout=5)
+    replay = replay_copy(run_dir, tmp_path)
+    replay.run(["echo", "one"], timeout=5)
+    with pytest.raises(ReplayMismatch) as err:
+        replay.run(["echo", "TWO"], timeout=5)
+    assert "call #1" in str(err.value) and "'TWO'" in str(err.value) and "'two'" in str(err.value)
+
+
+def test_replay_detects_an_edited_transcript(run_dir, tmp_path):
+    Door(run_dir, "s").run(["echo", "one"], timeout=5)
+    transcript = run_dir / "transcript.jsonl"
+    entry = json.loads(transcript.read_text())
+    entry["key"] = ["echo", "edited"]
+    transcript.write_text(json.dumps(entry) + "\n")
+    with pytest.raises(ReplayMismatch, match="edited"):
+        replay_copy(run_dir, tmp_path).run(["echo", "one"], timeout=5)
+
+
+def test_replay_asking_for_more_calls_than_recorded(run_dir, tmp_path):
+    Door(run_dir, "s").run(["echo", "one"], timeout=5)
+    replay = replay_copy(run_dir, tmp_path)
+    replay.run(["echo", "one"], timeout=5)
+    with pytest.raises(ReplayMismatch, match="holds only 1 calls"):
+        replay.run(["echo", "two"], timeout=5)
+
+
+def test_paths_are_recorded_relative_to_run_and_repo(run_dir, tmp_path):
+    door = Door(run_dir, "s")
+    target = run_dir / "s" / "file.txt"
+    target.parent.mkdir(parents=True)
+    door.run(["touch", str(target)], timeout=5)
+    assert read_transcript(run_dir / "transcript.jsonl")[0]["key"] == ["touch", "{run}/s/file.txt"]
+    replay = replay_copy(run_dir, tmp_path)
+    replay.run(["touch", str(replay.run_dir / "s" / "file.txt")], timeout=5)
+
+
+def test_background_process_start_poll_stop_by_pid(run_dir):
+    door = Door(run_dir, "s")
+    port = door.free_port()
+    server = door.start([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                        log_path=run_dir / "s" / "server.log")
+    for _ in range(100):
+        if door.http("GET", f"http://127.0.0.1:{port}/", timeout=2).status == 200:
+            break
+        door.sleep(0.1)
+    assert door.poll(server) is None
+    assert door.port_listening(port)
+    door.stop(server)
+    assert door.poll(server) is not None
+    assert not door.port_listening(port)
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(server.pid, 0)
+
+
+def test_http_records_status_and_connection_errors(run_dir):
+    door = Door(run_dir, "s")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    result = door.http("GET", f"http://127.0.0.1:{closed_port}/", timeout=2)
+    assert result.status is None and "Connection" in result.error

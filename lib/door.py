@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -121,11 +122,14 @@ class Door:
 
     # ---- path normalisation: recorded text names {run} and {repo}, never this checkout -------
     def norm(self, text: str) -> str:
+        # The interpreter first: a run recorded with a GPU machine's python3 replays under .venv.
+        text = text.replace(sys.executable, "{python}")
         text = text.replace(str(self.run_dir), "{run}")
         return text.replace(str(REPO_ROOT), "{repo}")
 
     def denorm(self, text: str) -> str:
-        return text.replace("{run}", str(self.run_dir)).replace("{repo}", str(REPO_ROOT))
+        text = text.replace("{python}", sys.executable).replace("{run}", str(self.run_dir))
+        return text.replace("{repo}", str(REPO_ROOT))
 
     def _clean(self, text: str) -> str:
         return redaction.redact(self.norm(text))

@@ -84,7 +84,7 @@ def run(stage: Stage) -> dict:
 
 
 def show(stage: Stage, data: dict):
-    from myst_nb import glue
+    from lib.glue import glue
 
     table = bench_result.summary_table(data["result"])
     result = data["result"] or {}

@@ -83,7 +83,7 @@ def _verdict(ratio: dict, a: int, b: int) -> str:
 def show(stage: Stage, data: dict):
     import matplotlib.pyplot as plt
     from IPython.display import display
-    from myst_nb import glue
+    from lib.glue import glue
 
     runs = data.get("runs")
     if runs is None:

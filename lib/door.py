@@ -124,11 +124,13 @@ class Door:
     def norm(self, text: str) -> str:
         # The interpreter first: a run recorded with a GPU machine's python3 replays under .venv.
         text = text.replace(sys.executable, "{python}")
+        text = text.replace(str(Path(sys.executable).parent) + "/", "{bin}/")  # its scripts
         text = text.replace(str(self.run_dir), "{run}")
         return text.replace(str(REPO_ROOT), "{repo}")
 
     def denorm(self, text: str) -> str:
         text = text.replace("{python}", sys.executable).replace("{run}", str(self.run_dir))
+        text = text.replace("{bin}/", str(Path(sys.executable).parent) + "/")
         return text.replace("{repo}", str(REPO_ROOT))
 
     def _clean(self, text: str) -> str:
@@ -276,10 +278,14 @@ class Door:
     # ---- observations -----------------------------------------------------------------------
     def http(
         self, method: str, url: str, *, timeout: float, json_body: Any = None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None, secret_response: bool = False,
     ) -> HttpResult:
         """One HTTP request. Request headers are sent but recorded by name only (they carry
-        tokens); response headers are recorded redacted."""
+        tokens); response headers are recorded redacted.
+
+        `secret_response=True` declares that the answer carries a credential the caller must use
+        (a registry's anonymous pull token): the caller gets the raw body, the transcript and
+        a replay the redacted one. Such a body must never be displayed."""
         key = {"method": method, "url": self.norm(url)}
         if self.replay:
             e = self._next("http", key)
@@ -287,13 +293,14 @@ class Door:
                               e["duration_s"], e["seq"], e.get("headers") or {})
         status, body, error, duration, got = _http(method, url, timeout, json_body, headers)
         seq = self._seq
-        body = self._clean(body)
+        raw, body = body, self._clean(body)
         got = {k: self._clean(v) for k, v in got.items()}
         self._record("http", key, status=status, error=error, duration_s=round(duration, 6),
                      request=None if json_body is None else json.loads(self._clean(json.dumps(json_body))),
                      request_headers=sorted(headers or {}), headers=got,
                      body=self._write_stream(seq, "body", body))
-        return HttpResult(method, url, status, body, error, round(duration, 6), seq, got)
+        return HttpResult(method, url, status, raw if secret_response else body, error,
+                          round(duration, 6), seq, got)
 
     def now(self) -> float:
         """Wall-clock seconds since the epoch, recorded (a clock used as a measurement)."""

@@ -24,12 +24,15 @@ TOKEN_SHAPES = [
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}\b"),
     re.compile(r"(?i)(?<=bearer )[A-Za-z0-9._~+/=-]{8,}"),
     re.compile(r"(?i)(?<=aws_secret_access_key=)\S+"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
 ]
-# `--hf-token X`, `--api-key=X`, `password: X`: the value after a secret-looking flag or key.
-SECRET_FLAG = re.compile(
-    r"(?i)((?:--?|\b)[\w-]*(?:token|secret|password|passwd|api[-_]?key)[\w-]*(?:=|:\s*|\s+))"
-    r"(?!\[REDACTED)([^\s\"',}]+)"
-)
+# The value after a secret-named flag (`--hf-token X`, `--api-key=X`) or key (`HF_TOKEN=X`,
+# `"access_token": "X"`, `password: X`). The name must END with the secret word, so
+# `num_tokens=128`, `max_new_tokens` or `--use-server-token-count` are left alone.
+_SECRET_WORD = r"[\w-]*(?:token|secret|password|passwd|api[-_]?key)"
+SECRET_FLAG = re.compile(rf"(?i)(?<![\w-])(--?{_SECRET_WORD})(=|\s+)(?!\[REDACTED)([^\s\"',}}]+)")
+SECRET_KEY = re.compile(
+    rf"(?i)(?<![\w-])([\"']?{_SECRET_WORD}[\"']?\s*(?:=|:)\s*[\"']?)(?!\[REDACTED)([^\s\"',}}]+)")
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values ("1", "yes") would shred unrelated text
 
@@ -53,7 +56,8 @@ def redact(text: str, extra_values: list[str] | None = None) -> str:
             text = text.replace(value, MASK)
     for shape in TOKEN_SHAPES:
         text = shape.sub(MASK, text)
-    return SECRET_FLAG.sub(lambda m: m.group(1) + MASK, text)
+    text = SECRET_FLAG.sub(lambda m: m.group(1) + m.group(2) + MASK, text)
+    return SECRET_KEY.sub(lambda m: m.group(1) + MASK, text)
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -101,6 +101,21 @@ def test_secret_named_env_values_are_masked_anywhere(monkeypatch):
                                                                      "PATH": "/bin"}
 
 
-def test_ordinary_text_is_left_alone():
-    text = "NCCL_DEBUG=INFO dispatch 14.8 us, 128 tokens, key-value cache of 128 blocks"
+@pytest.mark.parametrize("text", [
+    "NCCL_DEBUG=INFO dispatch 14.8 us, 128 tokens, key-value cache of 128 blocks",
+    "--num-tokens 128 --use-server-token-count --output-tokens-mean 16",
+    '{"max_new_tokens": 16, "num_tokens": 128, "tokenizer": "x", "total_tokens": 40}',
+    "the token count per case",
+])
+def test_ordinary_text_is_left_alone(text):
     assert redact.redact(text) == text
+
+
+@pytest.mark.parametrize("text, secret", [
+    ('{"token": "abcdefgh12345678"}', "abcdefgh12345678"),
+    ("HF_TOKEN=abcdefgh12345", "abcdefgh12345"),
+    ("password: hunter2hunter2", "hunter2hunter2"),
+    ("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0abcd.c2lnbmF0dXJlc2ln", "eyJzdWIiOiJ4In0abcd"),
+])
+def test_secret_keys_and_jwts_are_masked(text, secret):
+    assert secret not in redact.redact(text)

@@ -1,0 +1,79 @@
+"""Stage 01, public roots: every pin in pins.yaml resolves at its public source.
+
+`run(stage)` reads pins.yaml through the stage's door (so a replay checks the pins the run
+recorded), refuses malformed pins before any call, verifies every pin (lib/roots.py), writes
+roots.json (the table) and adds one gate per row:
+
+    VERIFIED -> PASS; MISSING -> FAIL; DRIFT -> PASS with the drift in its reason (reported,
+    not a FAIL); SKIP -> SKIP with its reason (an unreachable source is never a PASS);
+    FAIL -> FAIL.
+
+`show(stage, data)` returns the table for the notebook. Nothing here prints a timestamp.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lib import pins as pins_mod
+from lib import roots
+from lib.door import REPO_ROOT
+from lib.evidence import Gate, gate, skip
+
+ROOTS_JSON = "roots.json"
+COLUMNS = ["root", "kind", "level", "source", "pin", "resolved", "status", "reason", "evidence"]
+
+
+def read_pins(stage, pins_path: Path | None = None) -> tuple[dict, str]:
+    """(pins data, sha256 of the text) read through the door."""
+    path = Path(pins_path) if pins_path else REPO_ROOT / "pins.yaml"
+    text = stage.door.read_text(path)
+    if text is None:
+        raise pins_mod.PinsError(f"{path} could not be read")
+    return pins_mod.loads(text), pins_mod.text_digest(text)
+
+
+def row_gate(row: roots.Row, table: str) -> Gate:
+    name = f"{row.root}: {row.kind}"
+    evidence = [table] + list(row.evidence)
+    if row.status == "SKIP":
+        return skip(name, row.reason, evidence)
+    return gate(name, row.status in ("VERIFIED", "DRIFT"), observed=row.resolved,
+                expected=row.pin, reason=(f"{row.status}: {row.reason}" if row.reason
+                                          else row.status), evidence=evidence)
+
+
+def run(stage, *, pins_path: Path | None = None, python: str | None = None) -> dict:
+    """Verify every pin; write roots.json; add the gates. Returns what roots.json holds."""
+    data, digest = read_pins(stage, pins_path)
+    problems = pins_mod.validate(data)
+    stage.add(gate("pins.yaml follows its schema", not problems, observed=problems or "ok",
+                   expected="no problems", reason="; ".join(problems)))
+    if problems:
+        table = {"pins_digest": digest, "rows": [], "counts": roots.summarize([]),
+                 "problems": problems}
+        stage.write_json(ROOTS_JSON, table)
+        return table
+    scratch = stage.path("scratch")
+    try:
+        rows = roots.verify_all(stage.door, data, scratch=scratch, python=python or sys.executable)
+    finally:
+        stage.door.run(["rm", "-rf", str(scratch)], timeout=60, check=False)
+    table = {"pins_digest": digest, "rows": [r.as_dict() for r in rows],
+             "counts": roots.summarize(rows), "problems": []}
+    rel = stage.write_json(ROOTS_JSON, table)
+    stage.add([row_gate(r, rel) for r in rows])
+    counts = table["counts"]
+    print("roots: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    return table
+
+
+def show(stage, data: dict | None = None):
+    """The table of every root: source, pin, level, resolved, status and evidence (pandas)."""
+    import pandas as pd
+
+    data = data if data is not None else stage.read_json(ROOTS_JSON)
+    rows = data["rows"] if isinstance(data, dict) else data
+    frame = pd.DataFrame([{k: r.get(k) for k in COLUMNS} for r in rows], columns=COLUMNS)
+    frame["evidence"] = frame["evidence"].map(lambda e: ", ".join(e or []))
+    return frame

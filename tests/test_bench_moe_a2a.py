@@ -17,7 +17,7 @@ from lib.bench.result import (FAIL, PASS, SKIP, failed_ranks_from_stderr, gates_
                               summary_rows)
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--num-tokens", "32", "--hidden", "64", "--num-topk", "2", "--num-experts", "8",
+SMALL = ["--backend", "gloo", "--num-tokens", "32", "--hidden", "64", "--num-topk", "2", "--num-experts", "8",
          "--iters", "5", "--warmup", "2"]
 RUN_TIMEOUT_S = 60
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -316,14 +316,16 @@ def test_summary_rows_bandwidth(run_k1):
 @pytest.mark.parametrize("num_comms", [1, 4])
 def test_gpu_nccl_bf16_small(tmp_path, num_comms):
     out = tmp_path / "x.json"
-    proc = run_bench(SMALL + ["--num-comms", str(num_comms), "--out", str(out)])
+    proc = run_bench(SMALL[2:] + ["--backend", "nccl", "--num-comms", str(num_comms), "--out", str(out)])
     assert proc.returncode == 0, explain(proc)
     res = json.loads(out.read_text())
     assert (res["config"]["backend"], res["config"]["dtype"], res["config"]["device"]) == ("nccl", "bfloat16", "cuda")
     assert res["config"]["timing_method"] == "cuda_events_back_to_back"
     assert res["correct"] is True
     assert all(r["check"]["method"].startswith("torch.testing.assert_close") for r in res["ranks"])
-    assert res["phases_us_per_call"]["dispatch_combine"]["method"] == "cuda_events_per_call"
+    assert res["phases_us"]["dispatch_combine"]["method"] == "cuda_graph_back_to_back"
+    assert res["phases_us_per_call"]["dispatch_combine"]["method"] == "cuda_graph_per_call"
+    assert res["phases_us"]["dispatch_combine_uncached"]["method"] == "cuda_events_back_to_back"
 
 
 @pytest.mark.gpu
@@ -332,7 +334,7 @@ def test_gpu_test_ep_shape(tmp_path):
     """test_ep's shape (128 tokens, hidden 7168, top-8 of 256 experts, bf16): correct, and the
     ratio to the floor is recorded (the 1.3x target is reported, not asserted)."""
     out = tmp_path / "x.json"
-    proc = run_bench(["--iters", "20", "--warmup", "5", "--out", str(out)])
+    proc = run_bench(["--backend", "nccl", "--iters", "20", "--warmup", "5", "--out", str(out)])
     assert proc.returncode == 0, explain(proc)
     res = json.loads(out.read_text())
     assert res["correct"] is True

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Record a run of the guide on a GPU machine that has no network (the project's H200 machines):
+# python3 there holds torch (cu130) and transformers; what the notebooks and AIPerf need beyond
+# that travels as wheels. Usage, from the repository root on that machine:
+#   scripts/gpu-run.sh RUN_ID WHEELS_NB WHEELS_AIPERF STAGES
+# WHEELS_NB: wheels of papermill, ipykernel, nbclient, sh and transformers serve's extras;
+# WHEELS_AIPERF: AIPerf 0.13.0 and what it needs beyond the machine's packages.
+set -euo pipefail
+run_id=${1:?run id}
+wheels_nb=${2:?folder of notebook wheels}
+wheels_aiperf=${3:?folder of AIPerf wheels}
+stages=${4:-00_cluster,03_kernel_test,04_serve,05_sweep,06_multicomm}
+
+site=/tmp/guide-site
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels_nb"/*.whl
+export PYTHONPATH="$site:$PWD"
+if [[ ! -x .venv-aiperf/bin/aiperf ]]; then
+  python3 -m venv --system-site-packages .venv-aiperf
+  .venv-aiperf/bin/python -m pip install -q --no-index --no-deps "$wheels_aiperf"/*.whl
+fi
+python3 -m lib.runner run --context local --run-id "$run_id" --stages "$stages" --no-book

@@ -30,9 +30,14 @@ TOKEN_SHAPES = [
 # `"access_token": "X"`, `password: X`). The name must END with the secret word, so
 # `num_tokens=128`, `max_new_tokens` or `--use-server-token-count` are left alone.
 _SECRET_WORD = r"[\w-]*(?:token|secret|password|passwd|api[-_]?key)"
-SECRET_FLAG = re.compile(rf"(?i)(?<![\w-])(--?{_SECRET_WORD})(=|\s+)(?!\[REDACTED)([^\s\"',}}]+)")
+# Keys are narrower than flags: data is full of keys like "time_to_first_token".
+_SECRET_KEY_NAME = (r"(?:[\w-]*(?:secret|password|passwd|api[-_]?key)|token|[\w-]*(?:access|auth|"
+                    r"hf|refresh|session|id|bearer|api|github|gh|aws)[-_]?token)")
+# A value worth masking: not an object or list, not a number, boolean or null.
+_SECRET_VALUE = r"(?!\[REDACTED)(?![{\[])(?!(?:-?\d+(?:\.\d+)?|true|false|null|none)\b)([^\s\"',}]+)"
+SECRET_FLAG = re.compile(rf"(?i)(?<![\w-])(--?{_SECRET_WORD})(=|\s+){_SECRET_VALUE}")
 SECRET_KEY = re.compile(
-    rf"(?i)(?<![\w-])([\"']?{_SECRET_WORD}[\"']?\s*(?:=|:)\s*[\"']?)(?!\[REDACTED)([^\s\"',}}]+)")
+    rf"(?i)(?<![\w-])([\"']?{_SECRET_KEY_NAME}[\"']?\s*(?:=|:)\s*[\"']?){_SECRET_VALUE}")
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values ("1", "yes") would shred unrelated text
 

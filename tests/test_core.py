@@ -106,6 +106,8 @@ def test_secret_named_env_values_are_masked_anywhere(monkeypatch):
     "--num-tokens 128 --use-server-token-count --output-tokens-mean 16",
     '{"max_new_tokens": 16, "num_tokens": 128, "tokenizer": "x", "total_tokens": 40}',
     "the token count per case",
+    '{"time_to_first_token": {"avg": 1.0}, "time_to_second_token": [1, 2], "first_token": 12}',
+    '"inter_token_latency": 3.5, "use_token": true, "last_token": null',
 ])
 def test_ordinary_text_is_left_alone(text):
     assert redact.redact(text) == text
@@ -113,9 +115,24 @@ def test_ordinary_text_is_left_alone(text):
 
 @pytest.mark.parametrize("text, secret", [
     ('{"token": "abcdefgh12345678"}', "abcdefgh12345678"),
+    ('{"access_token": "abcdefgh12345678"}', "abcdefgh12345678"),
+    ("--hf-token abcdefgh12345", "abcdefgh12345"),
     ("HF_TOKEN=abcdefgh12345", "abcdefgh12345"),
     ("password: hunter2hunter2", "hunter2hunter2"),
     ("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0abcd.c2lnbmF0dXJlc2ln", "eyJzdWIiOiJ4In0abcd"),
 ])
 def test_secret_keys_and_jwts_are_masked(text, secret):
     assert secret not in redact.redact(text)
+
+
+def test_real_evidence_passes_redaction_unchanged():
+    """Redaction must never corrupt real data: every shared fixture (AIPerf exports of two
+    versions, vLLM logs, DeepEP test_ep logs) comes out of it byte for byte."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+    files = [p for p in fixtures.rglob("*") if p.is_file()]
+    assert len(files) > 50, f"fixtures missing at {fixtures}"
+    changed = [p for p in files if redact.redact(p.read_text(errors="replace"))
+               != p.read_text(errors="replace")]
+    assert changed == []

@@ -1,0 +1,115 @@
+"""Stage 04: the MoE model is served and answers.
+
+On the local context: the seeded random-weight Qwen3-MoE (lib.models, built through the door)
+behind ``transformers serve`` (lib.serve.local_server). Gates: the model built from its seed; the
+server ready within server_timeout_s; /v1/models lists the model; its config.json is a Mixture of
+Experts; a chat request answers 200 with content and usage; the server stopped with nothing left.
+
+Artifacts in the stage folder: server.log (the server's whole output), model.json (the build's
+answer), model_config.json (the model's config.json as served), models_response.json and
+chat_response.json (the answers as received).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lib import serve
+from lib.evidence import skip
+from lib.stage import Stage
+
+CLUSTER_GATES = ["server ready", "/v1/models lists the model",
+                 "model config is a Mixture of Experts",
+                 "chat request answers with content and usage"]
+READY_GATES = CLUSTER_GATES[1:]
+
+
+def run(stage: Stage) -> dict[str, Any]:
+    if stage.context != "local":
+        reason = (f"the {stage.context} context's serving path (vLLM StatefulSet with DeepEP-V2 "
+                  "over EFA) is not built yet; another issue owns it")
+        stage.add(*[skip(name, reason) for name in CLUSTER_GATES])
+        return {"context": stage.context, "skipped": reason}
+    engine = serve.resolve_engine(stage)
+    print(f"building (or finding cached) the seeded MoE model, seed {stage['seed']}", flush=True)
+    model, built = serve.build_model(stage)
+    stage.add(built)
+    if model is None:
+        stage.add(*serve.skip_gates(CLUSTER_GATES, "the model could not be built (see the gate "
+                                                   "'model built from its seed')"))
+        return {"context": stage.context, "skipped": "the model could not be built"}
+    stage.write_json("model.json", {k: (stage.door.norm(v) if k == "model_dir" else v)
+                                    for k, v in model.items()})
+    data: dict[str, Any] = {"context": stage.context, "engine": engine,
+                            "model": {k: v for k, v in model.items() if k != "model_dir"},
+                            "model_dir": stage.door.norm(model["model_dir"])}
+    with serve.local_server(stage, model["model_dir"],
+                            timeout_s=stage["server_timeout_s"]) as server:
+        data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
+                    log=stage.rel(server.log_path))
+        if server.ready:
+            listed, body = serve.models_gate(stage, server)
+            stage.add(listed)
+            if body is not None:
+                stage.write_json("models_response.json", body)
+            config, saved = serve.read_model_config(stage, model["model_dir"])
+            stage.add(serve.moe_gate(config, saved, data["model_dir"]))
+            chat, answer = serve.chat_gate(stage, server)
+            stage.add(chat)
+            stage.write_json("chat_response.json", answer["body"])
+            rss = serve.server_rss(stage.door, server)
+            data.update(config=config, chat=answer, rss_bytes=rss)
+        else:
+            stage.add(*serve.skip_gates(READY_GATES, "the server is not ready (see the gate "
+                                                     "'server ready')"))
+    return data
+
+
+def facts(data: dict[str, Any]) -> "pd.DataFrame":
+    import pandas as pd
+
+    model, chat, config = data.get("model") or {}, data.get("chat") or {}, data.get("config") or {}
+    usage = chat.get("usage") or {}
+    rows = [
+        ("engine", data.get("engine")),
+        ("model", data.get("model_dir")),
+        ("config hash", model.get("config_hash")),
+        ("parameters", model.get("parameters")),
+        ("experts (top-k)", f"{config.get('num_experts', config.get('num_local_experts'))} "
+                            f"(top-{config.get('num_experts_per_tok')})" if config else None),
+        ("layers x hidden", f"{config.get('num_hidden_layers')} x {config.get('hidden_size')}"
+         if config else None),
+        ("server ready after (s)", data.get("ready_s")),
+        ("chat: HTTP status", chat.get("status")),
+        ("chat: prompt / completion tokens",
+         f"{usage.get('prompt_tokens')} / {usage.get('completion_tokens')}" if usage else None),
+        ("chat: latency (s)", chat.get("duration_s")),
+        ("server resident memory (MiB)",
+         round(data["rss_bytes"] / 2 ** 20, 1) if data.get("rss_bytes") else None),
+        ("server log", data.get("log")),
+    ]
+    return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
+
+
+def show(stage: Stage, data: dict[str, Any]) -> None:
+    from IPython.display import display
+    from myst_nb import glue
+
+    if data.get("skipped"):
+        print(f"not measured: {data['skipped']}")
+        return
+    display(facts(data))
+    chat = data.get("chat") or {}
+    if chat:
+        print(f"chat reply ({len(chat.get('content') or '')} chars, random weights: the text is "
+              f"not meant to read well):\n{(chat.get('content') or '')[:200]!r}")
+    config = data.get("config") or {}
+    glue("serve_ready_s", data.get("ready_s"), display=False)
+    glue("serve_num_experts", config.get("num_experts", config.get("num_local_experts")),
+         display=False)
+    glue("serve_top_k", config.get("num_experts_per_tok"), display=False)
+    glue("serve_model_params", (data.get("model") or {}).get("parameters"), display=False)
+    glue("serve_chat_completion_tokens", ((chat.get("usage") or {}).get("completion_tokens")),
+         display=False)
+    if data.get("rss_bytes"):
+        glue("serve_rss_mib", round(data["rss_bytes"] / 2 ** 20, 1), display=False)
+

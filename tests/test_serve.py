@@ -1,0 +1,185 @@
+"""lib.serve and stage 04 for real: the seeded model behind a real transformers serve.
+
+Every server here is a real process on a free 127.0.0.1 port; the fault paths (port taken,
+model dir missing, a crash on a corrupted config) are real failures of the real server.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from lib import models, params, serve
+from lib.door import Door, read_transcript
+from lib.evidence import read_gates
+from lib.stage import Stage
+from lib.stages import serve as serve_stage
+
+FAULT_TIMEOUT_S = 120.0  # a fault must end the wait well before this
+
+
+def make_stage(run_dir: Path, name: str = "04_serve", given: dict | None = None) -> Stage:
+    p = params.resolve(name, given or {})
+    return Stage(name, p, run_dir, Door(run_dir, name), None)
+
+
+def by_name(gates) -> dict:
+    return {g.gate if hasattr(g, "gate") else g["gate"]: g for g in gates}
+
+
+def listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return models.build(0)["model_dir"]  # the repository's cache, as the stage uses it
+
+
+def test_stage_04_serves_answers_stops_and_replays(tmp_path):
+    run_dir = tmp_path / "run"
+    stage = make_stage(run_dir)
+    data = serve_stage.run(stage)
+    serve_stage.show(stage, data)
+    stage.finish()
+    gates = read_gates(stage.dir)
+    assert [g["status"] for g in gates] == ["PASS"] * len(gates), gates
+    assert set(by_name(gates)) == {
+        "model built from its seed", "server ready", "/v1/models lists the model",
+        "model config is a Mixture of Experts", "chat request answers with content and usage",
+        "server stopped"}
+    assert data["chat"]["content"].strip() and data["chat"]["usage"]["completion_tokens"] > 0
+    assert data["config"]["num_local_experts"] == 8
+    assert data["rss_bytes"] and data["rss_bytes"] < 1.5 * 2 ** 30
+    # nothing left: the pid is gone and nothing listens on the port
+    start = next(e for e in read_transcript(run_dir / "transcript.jsonl") if e["kind"] == "start")
+    assert not pid_running(start["pid"])
+    assert not listening(data["port"])
+    for artifact in ("server.log", "model.json", "model_config.json", "chat_response.json",
+                     "models_response.json", "gates.json"):
+        assert (stage.dir / artifact).is_file(), artifact
+    assert "Uvicorn running" in (stage.dir / "server.log").read_text()
+
+    # replay a copy: the same gates, re-computed with no process started
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    transcript = (copy / "transcript.jsonl").read_bytes()
+    log = (copy / "04_serve" / "server.log").read_bytes()
+    replay = Stage("04_serve", stage.params, copy, Door(copy, "04_serve", replay=True), run_dir)
+    started = time.monotonic()
+    again = serve_stage.run(replay)
+    serve_stage.show(replay, again)
+    replay.finish()  # raises ReplayMismatch when the gates differ or calls are left unasked
+    assert time.monotonic() - started < 5.0  # a real server takes longer than this to start
+    assert [g.as_dict() for g in replay.gates] == gates
+    assert (copy / "transcript.jsonl").read_bytes() == transcript  # nothing recorded
+    assert (copy / "04_serve" / "server.log").read_bytes() == log  # no server wrote its log
+    assert again["chat"] == data["chat"] and again["port"] == data["port"]
+
+
+def _fault(stage: Stage, model: str | Path, port: int | None = None) -> tuple[dict, float]:
+    started = time.monotonic()
+    with serve.local_server(stage, model, timeout_s=FAULT_TIMEOUT_S, port=port) as server:
+        assert not server.ready
+    took = time.monotonic() - started
+    gates = by_name(stage.gates)
+    assert gates["server ready"].status == "FAIL"
+    assert gates["server stopped"].status == "PASS", gates["server stopped"]
+    assert not server.proc or not pid_running(server.proc.pid)
+    assert took < FAULT_TIMEOUT_S
+    return gates, took
+
+
+def test_port_taken_fails_with_log_tail(tmp_path, model_dir):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, so the server cannot bind it
+        port = taken.getsockname()[1]
+        gates, _ = _fault(make_stage(tmp_path / "run"), model_dir, port=port)
+    ready = gates["server ready"]
+    assert "address already in use" in ready.reason
+    assert "exited with code" in ready.reason
+
+
+def test_missing_model_dir_fails_with_log_tail(tmp_path):
+    gates, _ = _fault(make_stage(tmp_path / "run"), tmp_path / "no-such-model")
+    assert "no-such-model" in gates["server ready"].reason
+    assert "exited with code" in gates["server ready"].reason
+
+
+def test_crash_on_corrupted_config_fails_with_log_tail(tmp_path, model_dir):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(model_dir, broken)
+    (broken / "config.json").write_text('{"model_type": "qwen3_moe", "hidden_size": ')
+    gates, _ = _fault(make_stage(tmp_path / "run"), broken)
+    assert "not a valid JSON" in gates["server ready"].reason
+
+
+def test_deadline_ends_the_wait_and_stops_the_server(tmp_path, model_dir):
+    stage = make_stage(tmp_path / "run")
+    started = time.monotonic()
+    with serve.local_server(stage, model_dir, timeout_s=1.0) as server:
+        assert not server.ready
+    assert time.monotonic() - started < 30
+    gates = by_name(stage.gates)
+    assert gates["server ready"].status == "FAIL"
+    assert "not ready within 1 s" in gates["server ready"].reason
+    assert gates["server stopped"].status == "PASS"
+    assert not pid_running(server.proc.pid)
+
+
+def test_backstop_stops_a_server_left_running(tmp_path, model_dir):
+    """An exception inside the block still stops the server (the context manager's finally)."""
+    stage = make_stage(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="boom"):
+        with serve.local_server(stage, model_dir) as server:
+            assert server.ready
+            pid = server.proc.pid
+            raise RuntimeError("boom")
+    assert not pid_running(pid) and not listening(server.port)
+    assert by_name(stage.gates)["server stopped"].status == "PASS"
+    stage.close_resources()  # the on_exit backstop: a no-op once stopped
+    assert len([g for g in stage.gates if g.gate == "server stopped"]) == 1
+
+
+def test_cluster_contexts_skip_with_reason(tmp_path):
+    stage = make_stage(tmp_path / "run", given={"context": "plan"})
+    data = serve_stage.run(stage)
+    assert data["skipped"]
+    assert {g.status for g in stage.gates} == {"SKIP"}
+    assert all("not built yet" in g.reason for g in stage.gates)
+
+
+def test_vllm_engine_needs_gpus_and_vllm(tmp_path):
+    stage = make_stage(tmp_path / "run", given={"engine": "vllm"})
+    with pytest.raises(serve.EngineUnavailable, match="needs a machine with 2\\+ GPUs"):
+        serve_stage.run(stage)
+
+
+def test_helpers():
+    assert serve.parse_cpu_list("0-3,6,8-9") == [0, 1, 2, 3, 6, 8, 9]
+    assert serve.cpu_split([0, 1]) == ("0", "1")
+    assert serve.cpu_split([2, 3, 5]) == ("2", "3,5")
+    assert serve.cpu_split([0]) == (None, None)
+    argv = serve.serve_argv("/m", 1234, "0")
+    assert argv[:3] == ["taskset", "-c", "0"]
+    assert argv[4:] == ["serve", "/m", "--host", "127.0.0.1", "--port", "1234", "--device", "cpu",
+                        "--continuous-batching", "--cb-num-blocks", "128",
+                        "--cb-max-batch-tokens", "1024"]
+    assert serve.serve_argv("/m", 1)[1] == "serve"
+    assert serve.serve_env()["HF_HUB_OFFLINE"] == "1"
+    assert Path(serve.serve_env()["HF_HOME"]).parent.name == ".cache"
+    assert os.path.basename(serve.serve_argv("/m", 1)[0]) == "transformers"

@@ -1,0 +1,197 @@
+"""lib.sweep and stage 05 for real: AIPerf 0.13 against the real local server."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from lib import aiperf as aiperf_export
+from lib import evidence, models, params, serve, sweep
+from lib.door import Door
+from lib.stage import Stage
+from lib.stages import serve as serve_stage
+from lib.stages import sweep as sweep_stage
+
+SMALL = {"concurrency": [2], "repeats": 1, "request_count": 6, "warmup_requests": 1}
+
+
+def make_stage(run_dir: Path, name: str, given: dict | None = None) -> Stage:
+    p = params.resolve(name, given or {})
+    return Stage(name, p, run_dir, Door(run_dir, name), None)
+
+
+# ---- the argv builder ----------------------------------------------------------------------------
+def _argv(engine="transformers", **kw):
+    base = dict(engine=engine, model_dir="/m", url="http://127.0.0.1:5", concurrency=4,
+                request_count=16, warmup_requests=2, input_tokens=64, output_tokens=16, seed=7,
+                artifact_dir="/a")
+    base.update(kw)
+    return sweep.aiperf_argv(**base)
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_argv_transformers_forces_length_with_min_new_tokens():
+    argv = _argv()
+    assert argv[:5] == ["env", "-u", "HF_HUB_OFFLINE", "-u", "TRANSFORMERS_OFFLINE"]
+    assert argv[5].endswith("aiperf") and argv[6] == "profile"
+    extra = json.loads(_flag(argv, "--extra-inputs"))
+    assert json.loads(extra["generation_config"]) == {"min_new_tokens": 16}
+    assert "ignore_eos" not in _flag(argv, "--extra-inputs")
+    for flag, value in (("--model", "/m"), ("--tokenizer", "/m"), ("--url", "http://127.0.0.1:5"),
+                        ("--endpoint-type", "chat"), ("--concurrency", "4"),
+                        ("--request-count", "16"), ("--warmup-request-count", "2"),
+                        ("--synthetic-input-tokens-mean", "64"), ("--output-tokens-mean", "16"),
+                        ("--random-seed", "7"), ("--artifact-dir", "/a")):
+        assert _flag(argv, flag) == value, flag
+    for flag in ("--streaming", "--use-server-token-count", "--no-server-metrics"):
+        assert flag in argv
+
+
+def test_argv_vllm_takes_ignore_eos_and_pinning():
+    argv = _argv("vllm", cores="1", warmup_requests=0)
+    assert argv[:3] == ["taskset", "-c", "1"]
+    assert json.loads(_flag(argv, "--extra-inputs")) == {"ignore_eos": True}
+    assert "--warmup-request-count" not in argv
+
+
+def test_env_never_sets_offline():
+    env = sweep.aiperf_env("/x")
+    assert env["HF_ENDPOINT"] == "http://127.0.0.1:9"
+    assert env["AIPERF_DATASET_MMAP_BASE_PATH"] == "/x"
+    assert "HF_HUB_OFFLINE" not in env and "TRANSFORMERS_OFFLINE" not in env
+
+
+def test_cells_interleave_by_repeat_and_folders_follow_lib_aiperf(tmp_path):
+    cells = sweep.plan_cells([1, 2, 4], 2)
+    assert [(c.repeat, c.concurrency) for c in cells] == [
+        (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
+    stage = make_stage(tmp_path / "run", "05_sweep")
+    folder = sweep.cell_dir(stage, cells[4], "transformers")
+    assert folder.relative_to(stage.dir).as_posix() == "aiperf/repeat_2/aiperf-transformers-c2"
+    assert aiperf_export.infer_repeat(folder) == 2
+    assert aiperf_export.infer_arm(folder) == "transformers"
+    assert sweep.cell_timeout_s(16, 2, 16, 1) > sweep.cell_timeout_s(16, 2, 16, 4)
+
+
+# ---- SKIP paths ----------------------------------------------------------------------------------
+def test_skips_every_cell_without_04(tmp_path):
+    stage = make_stage(tmp_path / "run", "05_sweep")
+    data = sweep_stage.run(stage)
+    assert "04_serve has no gates" in data["skipped"]
+    assert len(stage.gates) == 9 and {g.status for g in stage.gates} == {"SKIP"}
+    sweep_stage.show(stage, data)
+
+
+def test_skips_every_cell_when_04_failed(tmp_path):
+    run_dir = tmp_path / "run"
+    evidence.write_json_new(run_dir / "04_serve" / "gates.json", [
+        {"gate": "server ready", "status": "FAIL", "observed": None, "expected": None,
+         "reason": "x", "evidence": []}])
+    stage = make_stage(run_dir, "05_sweep", {"concurrency": "1,2", "repeats": 2})
+    sweep_stage.run(stage)
+    assert len(stage.gates) == 4 and {g.status for g in stage.gates} == {"SKIP"}
+    assert all("04_serve FAILED" in g.reason and "server ready" in g.reason for g in stage.gates)
+
+
+def test_cluster_context_skips(tmp_path):
+    stage = make_stage(tmp_path / "run", "05_sweep", {"context": "kube"})
+    sweep_stage.run(stage)
+    assert {g.status for g in stage.gates} == {"SKIP"}
+    assert all("not built yet" in g.reason for g in stage.gates)
+
+
+# ---- real AIPerf ---------------------------------------------------------------------------------
+def test_stage_05_measures_and_replays(tmp_path):
+    """Real 04, then a real one-level sweep (its own server), then a replay of 05."""
+    run_dir = tmp_path / "run"
+    s04 = make_stage(run_dir, "04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    stage = make_stage(run_dir, "05_sweep", SMALL)
+    data = sweep_stage.run(stage)
+    sweep_stage.show(stage, data)
+    stage.finish()
+    gates = evidence.read_gates(stage.dir)
+    failed = [g for g in gates if g["status"] != "PASS"]
+    assert not failed, failed
+    names = {g["gate"] for g in gates}
+    for expected in ("aiperf transformers c2 repeat 1: AIPerf exit 0",
+                     "aiperf transformers c2 repeat 1: zero request errors",
+                     "aiperf transformers c2 repeat 1: completed == requested",
+                     "aiperf transformers c2 repeat 1: not cancelled",
+                     "server resident memory under 1.5 GiB", "warmup excluded from every cell",
+                     "server ready", "server stopped", "the same model 04_serve served"):
+        assert expected in names, expected
+
+    summary = pd.read_csv(stage.dir / "summary.csv")
+    assert list(summary.columns) == list(aiperf_export.SUMMARY_COLUMNS)
+    row = summary.iloc[0]
+    assert (row["arm"], row["concurrency"], row["repeat"]) == ("transformers", 2, 1)
+    assert row["errors"] == 0 and row["requests_completed"] == 6 == row["requests_requested"]
+    assert row["output_tps"] > 0 and row["output_tokens_mean"] == 16
+    assert not str(row["source"]).startswith("/")  # run-relative, so a replay shows the same
+    assert json.loads((stage.dir / "summary.json").read_text())[0]["errors"] == 0
+    for png in ("throughput.png", "latency.png"):
+        assert (stage.dir / png).read_bytes()[:4] == b"\x89PNG"
+    assert not (stage.dir / sweep.MMAP_FOLDER).exists()
+    memory = json.loads((stage.dir / "memory.json").read_text())
+    assert 0 < memory["after_cell"][0]["rss_bytes"] < sweep.RSS_LIMIT_BYTES
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    replay = Stage("05_sweep", stage.params, copy, Door(copy, "05_sweep", replay=True), run_dir)
+    started = time.monotonic()
+    again = sweep_stage.run(replay)
+    replay.finish()  # compares gates.json; summary.csv/json were compared on write
+    assert time.monotonic() - started < 10.0
+    assert [g.as_dict() for g in replay.gates] == gates
+    pd.testing.assert_frame_equal(again["summary"], data["summary"])
+
+
+def test_failed_requests_give_an_error_row_and_failing_gates(tmp_path):
+    """AIPerf against a port where nothing listens: every request fails, no summary export."""
+    model_dir = models.build(0)["model_dir"]
+    stage = make_stage(tmp_path / "run", "05_sweep",
+                       {"concurrency": [1], "repeats": 1, "request_count": 3,
+                        "warmup_requests": 0})
+    port = stage.door.free_port()
+    nowhere = serve.Server(model_dir, port, stage.path("server.log"))
+    cell = sweep.Cell(1, 1)
+    run = sweep.run_cell(stage, nowhere, cell, engine="transformers",
+                         mmap_dir=stage.path(sweep.MMAP_FOLDER))
+    assert run.rc != 0
+    frame = sweep.summary_table(stage, [cell], "transformers", 3)
+    row = frame.iloc[0]
+    assert row["errors"] == 3 and row["requests_completed"] == 0
+    assert not row["has_export"]
+    statuses = {g.gate.split(": ", 1)[1]: g.status for g in sweep.cell_gates(frame)}
+    assert statuses["summary export written"] == "FAIL"
+    assert statuses["zero request errors"] == "FAIL"
+    assert statuses["completed == requested"] == "FAIL"
+    assert sweep.exit_gate(run, "transformers").status == "FAIL"
+    assert "failed" in sweep.exit_gate(run, "transformers").reason
+
+
+def test_a_cell_without_artifacts_still_gets_a_row(tmp_path):
+    stage = make_stage(tmp_path / "run", "05_sweep")
+    frame = sweep.summary_table(stage, [sweep.Cell(1, 4)], "transformers", 16)
+    assert list(frame.columns) == list(aiperf_export.SUMMARY_COLUMNS)
+    row = frame.iloc[0]
+    assert (row["concurrency"], row["repeat"], row["requests_requested"]) == (4, 1, 16)
+    gates = {g.gate.split(": ", 1)[1]: g.status for g in sweep.cell_gates(frame)}
+    assert gates["summary export written"] == "FAIL"
+    assert gates["completed == requested"] == "FAIL"
+
+
+def test_rss_gate():
+    run = sweep.CellRun(sweep.Cell(1, 1), 0, False, 1.0, "", [], 2 * 2 ** 30)
+    assert sweep.rss_gate([run], 100, []).status == "FAIL"
+    run.rss_bytes = 700 * 2 ** 20
+    assert sweep.rss_gate([run], 600 * 2 ** 20, []).status == "PASS"
+    assert sweep.rss_gate([], None, []).status == "FAIL"

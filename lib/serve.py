@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 from lib.door import REPO_ROOT, Background, DoorError
 from lib.evidence import Gate, gate, skip
+from lib.hardware import cuda_device_count
 
 HOST = "127.0.0.1"
 CB_NUM_BLOCKS = 128  # bound the continuous-batching cache: by default it sizes itself from RAM
@@ -130,12 +131,13 @@ def build_model(stage) -> tuple[dict[str, Any] | None, Gate]:
 
 
 # ---- the server ---------------------------------------------------------------------------------
-def serve_argv(model_dir: str | Path, port: int, cores: str | None = None) -> list[str]:
+def serve_argv(model_dir: str | Path, port: int, cores: str | None = None,
+               device: str = "cpu") -> list[str]:
     """The one place transformers serve's flags are decided."""
     transformers_cli = str(Path(sys.executable).parent / "transformers")
     return pinned([
         transformers_cli, "serve", str(model_dir), "--host", HOST, "--port", str(port),
-        "--device", "cpu", "--continuous-batching", "--cb-num-blocks", str(CB_NUM_BLOCKS),
+        "--device", device, "--continuous-batching", "--cb-num-blocks", str(CB_NUM_BLOCKS),
         "--cb-max-batch-tokens", str(CB_MAX_BATCH_TOKENS),
     ], cores)
 
@@ -154,6 +156,7 @@ class Server:
     ready_s: float | None = None
     client_cores: str | None = None
     server_cores: str | None = None
+    device: str = "cpu"
     stopped: bool = False
     gates: list[Gate] = field(default_factory=list)
 
@@ -279,10 +282,11 @@ def local_server(stage, model_dir: str | Path, *, timeout_s: float | None = None
     door = stage.door
     timeout_s = float(timeout_s or stage["server_timeout_s"])
     server_cores, client_cores = cpu_split(allowed_cpus(door))
+    device = "cuda" if cuda_device_count(door) else "cpu"
     port = port or door.free_port()
     log_path = stage.path(log_name)
     server = Server(str(model_dir), port, log_path, server_cores=server_cores,
-                    client_cores=client_cores)
+                    client_cores=client_cores, device=device)
 
     def add(g: Gate | None) -> None:
         if g is not None:
@@ -295,10 +299,10 @@ def local_server(stage, model_dir: str | Path, *, timeout_s: float | None = None
 
     if not stage.replay:
         HF_HOME.mkdir(parents=True, exist_ok=True)
-    print(f"starting transformers serve {door.norm(str(model_dir))} on {HOST}:{port}"
+    print(f"starting transformers serve {door.norm(str(model_dir))} on {HOST}:{port} ({device})"
           f"{f' pinned to core {server_cores}' if server_cores else ''}", flush=True)
     try:
-        server.proc = door.start(serve_argv(model_dir, port, server_cores), log_path=log_path,
+        server.proc = door.start(serve_argv(model_dir, port, server_cores, device), log_path=log_path,
                                  env=serve_env())
     except DoorError as exc:
         add(gate("server ready", False, {"started": False}, "listening",

@@ -14,8 +14,18 @@ stages=${4:-00_cluster,03_kernel_test,04_serve,05_sweep,06_multicomm}
 site=/tmp/guide-site
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels_nb"/*.whl
 export PYTHONPATH="$site:$PWD"
+# AIPerf apart, as on the CPU machines: its own site folder, behind the same path the guide
+# calls (.venv-aiperf/bin/aiperf). No venv: python3 there is itself a venv, whose packages a
+# nested venv would not see.
+aiperf_site=/tmp/aiperf-site
 if [[ ! -x .venv-aiperf/bin/aiperf ]]; then
-  python3 -m venv --system-site-packages .venv-aiperf
-  .venv-aiperf/bin/python -m pip install -q --no-index --no-deps "$wheels_aiperf"/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$aiperf_site" \
+    "$wheels_aiperf"/*.whl
+  mkdir -p .venv-aiperf/bin
+  cat > .venv-aiperf/bin/aiperf <<WRAPPER
+#!/bin/sh
+PYTHONPATH=$aiperf_site exec $(command -v python3) -c 'import sys; from aiperf.cli import app; sys.argv[0] = "aiperf"; sys.exit(app())' "\$@"
+WRAPPER
+  chmod +x .venv-aiperf/bin/aiperf
 fi
 python3 -m lib.runner run --context local --run-id "$run_id" --stages "$stages" --no-book

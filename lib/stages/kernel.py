@@ -8,6 +8,7 @@ import json
 import sys
 
 from lib.bench import result as bench_result
+from lib.hardware import cuda_device_count
 from lib.evidence import Gate, skip
 from lib.stage import Stage
 
@@ -17,11 +18,7 @@ TORCHRUN_TIMEOUT_S = 600
 
 
 def device_count(stage: Stage) -> int:
-    """CUDA devices torch sees here, asked through the door (recorded)."""
-    probe = stage.door.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-        timeout=120, check=False)
-    return int(probe.stdout.strip()) if probe.ok and probe.stdout.strip().isdigit() else 0
+    return cuda_device_count(stage.door)
 
 
 def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:

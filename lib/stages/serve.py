@@ -92,7 +92,7 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
 
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import display
-    from myst_nb import glue
+    from lib.glue import glue
 
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")

@@ -83,7 +83,7 @@ def run(stage: Stage) -> dict[str, Any]:
                    len(frame), len(cells), f"{len(frame)} of {len(cells)} cells in the summary",
                    summary_files))
     memory_file = stage.write_json("memory.json", memory)
-    stage.add(sweep.rss_gate(runs, memory["after_ready_bytes"], [memory_file]))
+    stage.add(sweep.rss_gate(runs, memory["after_ready_bytes"], [memory_file], server.device))
     title = f"{engine} serve, tiny seeded MoE, {p['repeats']} repeats"
     plots = [sweep.save_png(stage, "throughput.png", sweep.plot_throughput(frame, title)),
              sweep.save_png(stage, "latency.png", sweep.plot_latency(frame, title))]
@@ -137,7 +137,7 @@ def same_model_gate(stage: Stage, model: dict[str, Any]):
 
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import Image, display
-    from myst_nb import glue
+    from lib.glue import glue
 
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")

@@ -43,15 +43,18 @@ reference: venv
 unit: venv
 	$(PY) -m pytest -q tests
 
-# Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence.
+# Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
+# then the replayable notebooks of the further reference runs (results/REPLAYED), each against
+# its own run.
 nbval: venv
 	@test -n "$(REFERENCE)" || { echo "results/REFERENCE names no reference run"; exit 2; }
 	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -q -p no:cacheprovider --nbval \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
-	@for run in $$(cat results/REFERENCE.extra 2>/dev/null); do \
+	@for run in $$(cut -d/ -f2 results/REPLAYED 2>/dev/null | sort -u); do \
 	  echo "replaying $$run"; \
 	  REPRO_REPLAY=results/$$run $(PY) -m pytest -q -p no:cacheprovider --nbval \
-	    --nbval-sanitize-with tests/nbval_sanitize.cfg results/$$run/notebooks/ || exit 1; \
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg $$(grep "^results/$$run/" results/REPLAYED) \
+	    || exit 1; \
 	done
 
 test: venv unit nbval

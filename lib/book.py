@@ -32,6 +32,8 @@ def stage_sources(run_dir: Path, src: Path) -> Path:
         shutil.copyfile(executed, src / "notebooks" / f"{stage}.ipynb")
     for name, make in GENERATED.items():
         (src / "book" / name).write_text(make(run_dir), encoding="utf-8")
+    (src / "book" / "reference_runs.md").write_text(
+        report.reference_runs_page(REPO_ROOT / "results"), encoding="utf-8")
     return src
 
 

@@ -46,8 +46,9 @@ def _md_table(df: pd.DataFrame) -> str:
 
 
 def verification_level(run: dict) -> str:
+    sha = (run.get("guide") or {}).get("git_sha") or "not recorded (no git history where it ran)"
     return (f"measured here end-to-end, run `{run['run_id']}` on the `{run['context']}` context "
-            f"({run.get('platform', 'unknown platform')}), guide `{(run['guide'] or {}).get('git_sha')}`")
+            f"({run.get('platform', 'unknown platform')}), guide `{sha}`")
 
 
 def run_page(run_dir: Path) -> str:
@@ -109,3 +110,77 @@ def run_figures(run_dir: Path) -> dict[str, float]:
     if summary.exists():
         figures.update(published.figures_from_summary(pd.read_csv(summary)))
     return figures
+
+
+REPLAYED_LIST = "REPLAYED"  # results/REPLAYED: notebooks of further reference runs nbval replays
+
+
+def replayed_notebooks(results: Path) -> dict[str, list[str]]:
+    """Further reference runs and which of their notebooks `make test` replays."""
+    listing = Path(results) / REPLAYED_LIST
+    runs: dict[str, list[str]] = {}
+    if listing.exists():
+        for line in listing.read_text(encoding="utf-8").split():
+            parts = Path(line).parts  # results/<run>/notebooks/<stage>.ipynb
+            runs.setdefault(parts[1], []).append(Path(line).stem)
+    return runs
+
+
+def kernel_figures(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "03_kernel_test" / "result.json"
+    if not path.exists():
+        return None
+    result = evidence.read_json(path)
+    cfg = result.get("config", {})
+    dc = (result.get("phases_us") or {}).get("dispatch_combine") or {}
+    return {
+        "shape": f"{cfg.get('num_tokens')} tokens x hidden {cfg.get('hidden')}, top-"
+                 f"{cfg.get('num_topk')} of {cfg.get('num_experts')} experts, "
+                 f"{cfg.get('world_size')} ranks, {cfg.get('backend')} {cfg.get('dtype')}",
+        "dispatch+combine p50 (us)": round(dc.get("p50", float("nan")), 1),
+        "floor p50 (us)": round((result.get("floor_us") or {}).get("p50", float("nan")), 1),
+        "D+C / floor": round(result.get("dc_over_floor") or float("nan"), 2),
+        "GB/s per rank": round(result.get("gbps_per_rank") or float("nan"), 1),
+        "timing": dc.get("method"),
+        "correct": result.get("correct"),
+    }
+
+
+def reference_runs_page(results: Path) -> str:
+    """Every further reference run: what it is, its stages, its figures, what replays."""
+    results = Path(results)
+    out = ["# Further reference runs\n",
+           "Runs recorded on other hardware and committed beside the CPU reference run. Each is "
+           "checked through its evidence (gates, SHA256SUMS, tables re-computed here); the "
+           "notebooks listed as replayed are re-executed by `make test` against their "
+           "transcript. A notebook recorded with an older version of the guide is shown, "
+           "labelled with the guide version that recorded it, and not replayed.\n"]
+    for run_id, replayed in replayed_notebooks(results).items():
+        run_dir = results / run_id
+        run = run_record(run_dir)
+        problems = evidence.verify(run_dir)
+        out.append(f"## `{run_id}`\n")
+        out.append(f"Verification level: **{verification_level(run)}**. Evidence "
+                   f"`results/{run_id}/`: "
+                   f"{'every file matches SHA256SUMS' if not problems else 'NOT verified'}. "
+                   f"Replayed by `make test`: {', '.join(replayed)}.\n")
+        out.append(_md_table(stage_summary(run_dir)))
+        kernel = kernel_figures(run_dir)
+        if kernel:
+            out.append("\n### Kernel test (03)\n")
+            out.append(_md_table(pd.DataFrame([kernel]).T.reset_index().rename(
+                columns={"index": "figure", 0: "value"})))
+        ratio_path = run_dir / "06_multicomm" / "ratio.json"
+        if ratio_path.exists():
+            ratio = evidence.read_json(ratio_path)
+            out.append(f"\n### Lever (06)\n\n{ratio['b']} / {ratio['a']} dispatch+combine p50: "
+                       f"**{ratio['ratio']:.2f}** (95% interval {ratio['low']:.2f} to "
+                       f"{ratio['high']:.2f}, {ratio['method']}).\n")
+        failed = gates_table(run_dir)
+        failed = failed[failed.status == "FAIL"]
+        if len(failed):
+            out.append("\n### FAIL gates, as recorded\n")
+            failed = failed.assign(reason=failed.reason.map(
+                lambda r: r if len(r) <= 200 else r[:200] + " ... (whole in gates.json)"))
+            out.append(_md_table(failed[["stage", "gate", "reason"]]))
+    return "\n".join(out)

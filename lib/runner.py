@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from lib import evidence
-from lib.door import REPO_ROOT
+from lib.door import REPO_ROOT, redact_file
 from lib.params import STAGES
 from lib.stage import new_run_id
 
@@ -75,13 +75,19 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
             continue
         print(f"[{stage}] running ...", flush=True)
         started = time.monotonic()
-        done = subprocess.run(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
-                              stdin=subprocess.DEVNULL)
+        log = run_dir / "notebooks" / f"{stage}.papermill.log"
+        with open(log, "w", encoding="utf-8") as out:  # papermill's own chatter, kept whole
+            done = subprocess.run(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        redact_file(log)
         gates = evidence.read_gates(run_dir / stage)
         took = time.monotonic() - started
         if done.returncode != 0 or gates is None:
+            tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-25:])
             print(f"[{stage}] the notebook failed (papermill rc {done.returncode}) after "
-                  f"{took:.0f} s: see results/{run_id}/notebooks/{stage}.ipynb", flush=True)
+                  f"{took:.0f} s: see results/{run_id}/notebooks/{stage}.ipynb\n{tail}",
+                  flush=True)
+            evidence.seal(run_dir)
             return run_dir, 2
         counts = evidence.summarize_gates(gates)
         print(f"[{stage}] {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "

@@ -164,6 +164,9 @@ def reference_runs_page(results: Path) -> str:
                    f"`results/{run_id}/`: "
                    f"{'every file matches SHA256SUMS' if not problems else 'NOT verified'}. "
                    f"Replayed by `make test`: {', '.join(replayed)}.\n")
+        notes = results / f"{run_id}.notes.md"  # beside the sealed run, never inside it
+        if notes.exists():
+            out.append(notes.read_text(encoding="utf-8") + "\n")
         out.append(_md_table(stage_summary(run_dir)))
         kernel = kernel_figures(run_dir)
         if kernel:

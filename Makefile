@@ -14,7 +14,7 @@ PIP_QUIET := -q --disable-pip-version-check
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PY_BASE) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_QUIET) torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install $(PIP_QUIET) torch==2.13.0 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
 	$(PY) -m pip install $(PIP_QUIET) -r requirements.txt 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
 	$(PY) -m pip install $(PIP_QUIET) --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
 	touch $@

@@ -1,0 +1,112 @@
+"""lib.transport: the EFA and intranode NVLink env contracts, defined once."""
+
+import pytest
+
+from lib.params import ParameterError
+from lib.transport import (DEFAULT_PLUGIN_PATH, DROPPED_BY_REVIEW, EFA, INTRANODE_NVLINK,
+                           TRANSPORTS, apply_transport, contract, nccl_preload, transport_env,
+                           unset_vars)
+
+SITE = "/opt/venv/lib/python3.12/site-packages"
+
+EFA_EXACT = {
+    "NCCL_NET_PLUGIN": DEFAULT_PLUGIN_PATH,
+    "NCCL_GIN_TYPE": "2",
+    "NCCL_GIN_ENABLE": "1",
+    "NCCL_CUMEM_ENABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_IGNORE_DISABLED_P2P": "1",
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_ENABLE_SHM_TRANSFER": "0",
+    "OFI_NCCL_PROTOCOL": "RDMA",
+    "EP_EFA_MAX_QPS": "2",
+    "EP_EFA_RDMA_GBS": "25.0",
+    "EP_REUSE_NCCL_COMM": "0",
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+}
+
+
+def test_efa_contract_exact():
+    assert transport_env("efa") == EFA_EXACT
+
+
+def test_efa_plugin_path_is_a_parameter():
+    env = transport_env("efa", plugin_path="/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so")
+    assert env["NCCL_NET_PLUGIN"] == "/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so"
+    with pytest.raises(ParameterError, match="plugin_path"):
+        transport_env("efa", plugin_path="")
+
+
+def test_review_dropped_variables_are_never_set():
+    assert set(DROPPED_BY_REVIEW) == {"OFI_NCCL_GIN_GDAKI", "OFI_NCCL_GIN_MAX_REQUESTS",
+                                      "DEEP_EP_BACKEND"}
+    for name in TRANSPORTS:
+        env = transport_env(name, nccl_site=SITE)
+        assert not set(DROPPED_BY_REVIEW) & set(env)
+
+
+def test_intranode_contract_exact_and_preload_from_site():
+    env = transport_env("intranode_nvlink", nccl_site=SITE)
+    assert env == {
+        "EP_DISABLE_GIN": "1",
+        "LD_PRELOAD": f"{SITE}/nvidia/nccl/lib/libnccl.so.2",
+        "EP_REUSE_NCCL_COMM": "0",
+        "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE": "1",
+        "NCCL_NVLS_ENABLE": "0",
+    }
+    assert nccl_preload("/x/site-packages/") == "/x/site-packages/nvidia/nccl/lib/libnccl.so.2"
+
+
+def test_intranode_needs_the_site_dir():
+    with pytest.raises(ParameterError, match="nccl_site"):
+        transport_env("intranode_nvlink")
+
+
+def test_efa_and_intranode_differ_exactly_where_they_should():
+    efa = transport_env("efa", nccl_site=SITE)
+    intra = transport_env("intranode_nvlink", nccl_site=SITE)
+    # Same value in both: the NCCL preload (when given), DeepEP's own communicator, NVLS off.
+    shared = {k for k in efa if k in intra and efa[k] == intra[k]}
+    assert shared == {"LD_PRELOAD", "EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
+    # GIN on over the plugin vs GIN off.
+    assert set(efa) - set(intra) == set(EFA_EXACT) - {"EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
+    assert set(intra) - set(efa) == {"EP_DISABLE_GIN", "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE"}
+    # Nothing set in both with different values.
+    assert all(efa[k] == intra[k] for k in set(efa) & set(intra))
+
+
+def test_unset_vars():
+    assert unset_vars("efa") == ("NVSHMEM_IB_ENABLE_IBGDA",)
+    intra = unset_vars("intranode_nvlink")
+    assert intra[0] == "NVSHMEM_IB_ENABLE_IBGDA"
+    # Every EFA-only variable is removed, so an image ENV cannot leak GIN/plugin settings in.
+    assert set(intra[1:]) == set(EFA_EXACT) - {"EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
+    for name in TRANSPORTS:
+        assert not set(unset_vars(name)) & set(transport_env(name, nccl_site=SITE))
+
+
+def test_apply_transport_removes_and_sets():
+    base = {"PATH": "/usr/bin", "NVSHMEM_IB_ENABLE_IBGDA": "1", "NCCL_GIN_TYPE": "2",
+            "NCCL_NET_PLUGIN": "/stale/plugin.so"}
+    intra = apply_transport(base, "intranode_nvlink", nccl_site=SITE)
+    assert intra["PATH"] == "/usr/bin"
+    assert "NVSHMEM_IB_ENABLE_IBGDA" not in intra
+    assert "NCCL_GIN_TYPE" not in intra and "NCCL_NET_PLUGIN" not in intra
+    assert intra["EP_DISABLE_GIN"] == "1"
+    efa = apply_transport(base, "efa")
+    assert "NVSHMEM_IB_ENABLE_IBGDA" not in efa
+    assert efa["NCCL_NET_PLUGIN"] == DEFAULT_PLUGIN_PATH
+
+
+def test_unknown_transport_names_the_allowed_values():
+    for call in (lambda: transport_env("ib"), lambda: unset_vars("ib"), lambda: contract("ib")):
+        with pytest.raises(ValueError, match="efa, intranode_nvlink"):
+            call()
+
+
+def test_every_variable_says_why_and_where():
+    for var in EFA + INTRANODE_NVLINK:
+        assert var.why.strip() and var.anchor.strip(), var.name
+    assert len({v.name for v in EFA}) == len(EFA)
+    assert len({v.name for v in INTRANODE_NVLINK}) == len(INTRANODE_NVLINK)

@@ -1,0 +1,163 @@
+"""lib.vllm_args: the one builder of vLLM's argv and env (leader, worker, local)."""
+
+from pathlib import Path
+
+import pytest
+
+from lib import pins
+from lib.params import ParameterError
+from lib.transport import transport_env
+from lib.vllm_args import BACKENDS, vllm_serve, worker_start_rank
+
+MODEL = "Qwen/Qwen3-30B-A3B-FP8"
+SITE = "/opt/venv/lib/python3.12/site-packages"
+CLUSTER = dict(model=MODEL, served_model_name="qwen3", backend="deepep_v2", dp_size=16,
+               dp_size_local=8, dp_address="vllm-0.vllm-rdzv", dp_rpc_port=29570, port=8000,
+               enforce_eager=True, max_model_len=2048, gpu_memory_utilization=0.7,
+               ep_num_comms=8, transport="efa", num_experts=128)
+
+COMMON = ["--served-model-name", "qwen3", "--enable-expert-parallel",
+          "--tensor-parallel-size", "1", "--data-parallel-size", "16",
+          "--data-parallel-size-local", "8", "--all2all-backend", "deepep_v2",
+          "--enforce-eager", "--max-model-len", "2048", "--gpu-memory-utilization", "0.7"]
+
+
+def test_leader_argv_exact():
+    argv, _ = vllm_serve("leader", **CLUSTER)
+    assert argv == ["vllm", "serve", MODEL, *COMMON,
+                    "--data-parallel-address", "vllm-0.vllm-rdzv",
+                    "--data-parallel-rpc-port", "29570", "--data-parallel-start-rank", "0",
+                    "--port", "8000"]
+
+
+def test_worker_argv_exact():
+    argv, _ = vllm_serve("worker", **CLUSTER, dp_start_rank=worker_start_rank(1, 8))
+    assert argv == ["vllm", "serve", MODEL, *COMMON, "--headless",
+                    "--data-parallel-address", "vllm-0.vllm-rdzv",
+                    "--data-parallel-rpc-port", "29570", "--data-parallel-start-rank", "8"]
+    assert "--port" not in argv
+
+
+def test_local_argv_exact_with_python_module_form():
+    # The measured form on two H200s (TOOLCHAIN "vLLM 0.24.0 on two H200s").
+    argv, env = vllm_serve("local", model="/models/moe", served_model_name="moe",
+                           backend="allgather_reducescatter", dp_size=2, dp_size_local=2,
+                           port=8000, enforce_eager=True, max_model_len=2048,
+                           gpu_memory_utilization=0.25, ep_num_comms=1,
+                           transport="intranode_nvlink", nccl_site=SITE, num_experts=64,
+                           python="python3")
+    assert argv == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/moe",
+                    "--served-model-name", "moe", "--enable-expert-parallel",
+                    "--tensor-parallel-size", "1", "--data-parallel-size", "2",
+                    "--data-parallel-size-local", "2", "--all2all-backend",
+                    "allgather_reducescatter", "--enforce-eager", "--max-model-len", "2048",
+                    "--gpu-memory-utilization", "0.25", "--port", "8000"]
+    assert env["LD_PRELOAD"] == f"{SITE}/nvidia/nccl/lib/libnccl.so.2"
+    assert env["EP_DISABLE_GIN"] == "1"
+
+
+def test_env_carries_the_transport_contract_and_the_vllm_settings():
+    _, env = vllm_serve("leader", **CLUSTER)
+    for k, v in transport_env("efa").items():
+        assert env[k] == v
+    assert env["VLLM_USE_DEEP_GEMM"] == "0"
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert env["EP_NUM_COMMS"] == "8"
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_DEBUG_SUBSYS"] == "INIT,NET,ENV"
+    assert env["VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE"] == "1"
+    # vLLM 0.24.0 reads nothing by this name (its own log says "Unknown vLLM environment
+    # variable detected"): not set.
+    assert "VLLM_USE_FLASHINFER_MOE_FP8" not in env
+    assert "NVSHMEM_IB_ENABLE_IBGDA" not in env
+
+
+def test_extra_env_cannot_set_a_variable_the_transport_unsets():
+    with pytest.raises(ParameterError, match="NVSHMEM_IB_ENABLE_IBGDA"):
+        vllm_serve("leader", **CLUSTER, extra_env={"NVSHMEM_IB_ENABLE_IBGDA": "1"})
+    _, env = vllm_serve("leader", **CLUSTER, extra_env={"VLLM_ENGINE_READY_TIMEOUT_S": "1800"})
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "1800"
+
+
+@pytest.mark.parametrize("removed", ["naive", "pplx"])
+def test_removed_backends_refused_up_front(removed):
+    with pytest.raises(ParameterError) as err:
+        vllm_serve("leader", **{**CLUSTER, "backend": removed})
+    msg = str(err.value)
+    assert "removed" in msg and "allgather_reducescatter" in msg and "'backend'" in msg
+
+
+def test_unknown_backend_names_the_allowed_values():
+    with pytest.raises(ParameterError, match="deepep_v2") as err:
+        vllm_serve("leader", **{**CLUSTER, "backend": "nccl_a2a"})
+    assert "naive" not in str(err.value).split("allowed:")[1]
+    assert "naive" not in BACKENDS and "pplx" not in BACKENDS
+    assert "allgather_reducescatter" in BACKENDS and "deepep_v2" in BACKENDS
+
+
+def test_divisibility_errors_name_the_parameter():
+    with pytest.raises(ParameterError, match="'dp_size'.*multiple of dp_size_local=8"):
+        vllm_serve("leader", **{**CLUSTER, "dp_size": 12})
+    with pytest.raises(ParameterError, match="'num_experts'.*dp_size = 16"):
+        vllm_serve("leader", **{**CLUSTER, "num_experts": 60})
+    # num_experts is optional (checked where the model's config is known).
+    vllm_serve("leader", **{**CLUSTER, "num_experts": None})
+
+
+def test_worker_start_rank_must_be_a_later_node():
+    for bad in (0, 4, 16):
+        with pytest.raises(ParameterError, match="'dp_start_rank'.*8"):
+            vllm_serve("worker", **CLUSTER, dp_start_rank=bad)
+    with pytest.raises(ParameterError, match="dp_start_rank"):
+        vllm_serve("leader", **CLUSTER, dp_start_rank=8)
+
+
+def test_ports_and_roles_validated():
+    with pytest.raises(ParameterError, match="'port'"):
+        vllm_serve("leader", **{**CLUSTER, "port": 70000})
+    with pytest.raises(ParameterError, match="'dp_rpc_port'"):
+        vllm_serve("leader", **{**CLUSTER, "dp_rpc_port": 0})
+    with pytest.raises(ParameterError, match="'dp_rpc_port'.*other than port=8000"):
+        vllm_serve("leader", **{**CLUSTER, "dp_rpc_port": 8000})
+    with pytest.raises(ParameterError, match="'dp_address'"):
+        vllm_serve("worker", **{**CLUSTER, "dp_address": None}, dp_start_rank=8)
+    with pytest.raises(ParameterError, match="'role'.*leader, worker, local"):
+        vllm_serve("head", **CLUSTER)
+    with pytest.raises(ParameterError, match="'dp_address'"):
+        vllm_serve("local", **{**CLUSTER, "dp_size": 8})
+    with pytest.raises(ParameterError, match="'dp_size_local'"):
+        vllm_serve("local", **{**CLUSTER, "dp_address": None, "dp_rpc_port": None})
+    with pytest.raises(ParameterError, match="'ep_num_comms'.*1..16"):
+        vllm_serve("leader", **{**CLUSTER, "ep_num_comms": 17})
+    with pytest.raises(ParameterError, match="'transport'.*efa, intranode_nvlink"):
+        vllm_serve("leader", **{**CLUSTER, "transport": "ib"})
+    with pytest.raises(ParameterError, match="'gpu_memory_utilization'"):
+        vllm_serve("leader", **{**CLUSTER, "gpu_memory_utilization": 1.5})
+
+
+def _requirements_gpu() -> dict[str, str]:
+    path = Path(__file__).resolve().parents[1] / "requirements-gpu.txt"
+    assert path.is_file(), f"missing: {path}"
+    pins = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version and not any(c in version for c in "<>=~*,"), \
+            f"requirements-gpu.txt: not an exact pin: {raw!r}"
+        assert name not in pins, f"requirements-gpu.txt: {name} twice"
+        pins[name] = version
+    return pins
+
+
+def test_requirements_gpu_exact_and_agrees_with_pins_yaml():
+    req = _requirements_gpu()
+    data = pins.load()["pins"]
+    assert req["vllm"] == str(data["vllm"]["version"]) == "0.24.0"
+    assert req[data["nccl"]["package"]] == str(data["nccl"]["version"]) == "2.30.4"
+    assert req[data["nvshmem"]["package"]] == str(data["nvshmem"]["version"]) == "3.6.5"
+    # The machine's CUDA torch stays: never pulled in by this file.
+    assert "torch" not in req and "flashinfer-python" not in req
+    # TOOLCHAIN's measured set: vLLM plus 24 wheels, plus DeepEP's NCCL and NVSHMEM.
+    assert len(req) == 25 + 2

@@ -48,11 +48,11 @@ unit: venv
 # its own run.
 nbval: venv
 	@test -n "$(REFERENCE)" || { echo "results/REFERENCE names no reference run"; exit 2; }
-	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -q -p no:cacheprovider --nbval \
+	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -v -p no:cacheprovider --nbval \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
 	@for run in $$(cut -d/ -f2 results/REPLAYED 2>/dev/null | sort -u); do \
 	  echo "replaying $$run"; \
-	  REPRO_REPLAY=results/$$run $(PY) -m pytest -q -p no:cacheprovider --nbval \
+	  REPRO_REPLAY=results/$$run $(PY) -m pytest -v -p no:cacheprovider --nbval \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg $$(grep "^results/$$run/" results/REPLAYED) \
 	    || exit 1; \
 	done

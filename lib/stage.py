@@ -131,6 +131,8 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     given = {k: namespace[k] for k in declared if k in namespace}
     resolved = params_mod.resolve(name, given)  # raises before any effect
     replay_of = os.environ.get(REPLAY_ENV)
+    if not replay_of:  # a replay's recorded run already proves what its machine could do
+        check_engine_here(resolved)
     if replay_of:
         stage = _open_replay(name, resolved, _resolve_path(replay_of))
     else:
@@ -138,6 +140,28 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     atexit.register(stage.close_resources)
     print(f"{name} · context {stage.context} · run {stage.run_id}")
     return stage
+
+
+def check_engine_here(resolved: dict[str, Any]) -> None:
+    """engine='vllm' needs 2+ GPUs and vllm importable: refused in the first cell otherwise.
+
+    Read before the run is opened, so nothing is recorded for a refused engine."""
+    if resolved.get("engine") != "vllm":
+        return
+    import importlib.util
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        gpus = 0
+    if gpus < 2 or not has_vllm:
+        raise params_mod.ParameterError(
+            "engine", "vllm", f"'transformers' (or '') on this machine: engine 'vllm' needs 2 or "
+            f"more GPUs and vllm importable; found {gpus} GPU(s) and vllm "
+            f"{'importable' if has_vllm else 'not installed'}")
 
 
 def _resolve_path(text: str) -> Path:

@@ -131,3 +131,17 @@ def test_a_planted_secret_reaches_no_evidence_notebook_or_book(recorded, tmp_pat
                 assert TOKEN.encode() not in path.read_bytes(), path
                 assert b"plantedSECRET" not in path.read_bytes(), path
     assert (tmp_path / "_build" / "html" / "index.html").exists()
+
+
+def test_engine_vllm_on_a_cpu_machine_is_refused_in_the_first_cell(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has 2+ GPUs: the refusal is for CPU machines")
+    notebook = REPO_ROOT / "notebooks" / "04_serve.ipynb"
+    done = papermill(tmp_path / "vllm.ipynb", "results_dir", str(tmp_path / "results"),
+                     "engine", "vllm", notebook=notebook)
+    assert done.returncode != 0
+    assert "parameter 'engine' = 'vllm' is not allowed" in done.stderr
+    assert "needs 2 or more GPUs and vllm importable" in done.stderr
+    assert not (tmp_path / "results").exists()  # refused before anything was written

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+
 from lib import report
 from lib.door import REPO_ROOT
 from lib.params import STAGES
@@ -25,11 +27,16 @@ def stage_sources(run_dir: Path, src: Path) -> Path:
     shutil.copytree(REPO_ROOT / "book", src / "book")
     for name in ("_config.yml", "_toc.yml"):
         shutil.copyfile(REPO_ROOT / name, src / name)
+    level = report.verification_level(report.run_record(run_dir))
     for stage in STAGES:
         executed = run_dir / "notebooks" / f"{stage}.ipynb"
+        banner = (f"**Verification level:** {level}. Evidence: `results/{run_dir.name}/{stage}/`.")
         if not executed.exists():  # a stage that did not run still has its page, unexecuted
             executed = REPO_ROOT / "notebooks" / f"{stage}.ipynb"
-        shutil.copyfile(executed, src / "notebooks" / f"{stage}.ipynb")
+            banner = f"**Not run** in `{run_dir.name}`: this page shows the notebook unexecuted."
+        notebook = nbformat.read(executed, as_version=4)
+        notebook.cells.insert(1, nbformat.v4.new_markdown_cell(banner))
+        nbformat.write(notebook, src / "notebooks" / f"{stage}.ipynb")
     for name, make in GENERATED.items():
         (src / "book" / name).write_text(make(run_dir), encoding="utf-8")
     (src / "book" / "reference_runs.md").write_text(

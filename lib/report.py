@@ -76,21 +76,38 @@ def run_page(run_dir: Path) -> str:
 
 
 def comparison_page(run_dir: Path) -> str:
-    run = run_record(Path(run_dir))
-    try:
-        from lib import published
-    except ImportError:  # the analytics module is optional for a bare book build
-        return "# Comparison with published figures\n\nNot available in this version.\n"
-    table = published.compare(run_figures(Path(run_dir)))
-    return (
-        "# Comparison with published figures\n\n"
-        "Each published figure (cited, with its source and date) beside this run's value "
-        f"({verification_level(run)}), the ratio, and a flag outside +/-10 percent.\n\n"
-        "The hardware differs unless the run says otherwise: the published figures are from "
-        "2x p5en (16 H200, EFA); a `local` run is this machine's CPUs or GPUs. A ratio across "
-        "different hardware is shown for orientation, never as a result.\n\n"
-        f"{_md_table(table)}"
-    )
+    from lib import published
+
+    run_dir = Path(run_dir)
+    runs = [run_dir] + [run_dir.parent / r for r in replayed_notebooks(run_dir.parent)
+                        if r != run_dir.name]
+    out = [
+        "# Comparison with published figures\n",
+        "Each published figure (cited, with its source and date) beside a run's value, the "
+        "ratio, and a flag outside +/-10 percent.\n",
+        "The hardware differs unless a run says otherwise: the published figures are from 2x "
+        "p5en (16 H200, EFA, DeepEP's own test_ep and vLLM). The runs here measured the "
+        "kernel with this guide's torch benchmark (`lib.bench.moe_a2a`, the same shape and "
+        "meaning of its parameters, not DeepEP's kernels) and served through `transformers "
+        "serve`, so their kernel rows are a different implementation on different hardware "
+        "and their serving rows say \"not measured\". A ratio across them is shown for "
+        "orientation, never as a result.\n",
+    ]
+    sources = published.reference_figures()[["hardware", "date", "source"]].drop_duplicates()
+    out.append("Cited: " + "; ".join(f"`{r.source}`, {r.hardware}, {r.date}"
+                                     for r in sources.itertuples()) + ".\n")
+    for run in runs:
+        record = run_record(run)
+        table = published.compare(run_figures(run))
+        table = pd.DataFrame({
+            "figure": table["figure"], "published": table["reference"], "unit": table["unit"],
+            "this run": table["run"].map(lambda v: "not measured" if pd.isna(v) else f"{v:.1f}"),
+            "ratio": table["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
+            "flag": table["flag"], "date": table["date"],
+        })
+        out.append(f"## Run `{run.name}`\n\n{verification_level(record)}.\n")
+        out.append(_md_table(table))
+    return "\n".join(out)
 
 
 def run_figures(run_dir: Path) -> dict[str, float]:

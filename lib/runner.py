@@ -56,6 +56,19 @@ def failed_stages(run_dir: Path) -> set[str]:
     return failed
 
 
+def blocked_by(stage: str, run_dir: Path) -> list[str]:
+    """The stages this one depends on that FAILED in the run."""
+    failed = failed_stages(run_dir)
+    return [d for d in DEPENDS[stage] if d in failed]
+
+
+def changed_since_sealed(run_dir: Path, stage: str) -> list[str]:
+    """A recorded stage's files that no longer match SHA256SUMS (none when never sealed)."""
+    if not (run_dir / evidence.SUMS_NAME).exists():
+        return []
+    return [p for p in evidence.verify(run_dir) if p.startswith(f"{stage}/")]
+
+
 def run_guide(context: str, run_id: str | None, extra: dict[str, str],
               stages: list[str] | None = None) -> tuple[Path, int]:
     run_id = run_id or new_run_id(RESULTS, context)
@@ -66,9 +79,14 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
     rc = 0
     for stage in stages or STAGES:
         if evidence.read_gates(run_dir / stage) is not None:
-            print(f"[{stage}] already recorded in this run: kept as is", flush=True)
+            changed = changed_since_sealed(run_dir, stage)
+            if changed:
+                print(f"[{stage}] recorded, but its files changed since the run was sealed "
+                      f"({', '.join(changed[:3])}): resume refused; start a new run", flush=True)
+                return run_dir, 2
+            print(f"[{stage}] already recorded in this run, hashes match: kept as is", flush=True)
             continue
-        blocked = [d for d in DEPENDS[stage] if d in failed_stages(run_dir)]
+        blocked = blocked_by(stage, run_dir)
         if blocked:
             print(f"[{stage}] not run: {', '.join(blocked)} FAILED", flush=True)
             rc = 1

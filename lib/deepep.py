@@ -1,0 +1,443 @@
+"""DeepEP itself: its one build (scripts/build_deepep.sh) and its own kernel test
+(``tests/elastic/test_ep.py``), the same code path on the cluster (EFA) and on a 2-GPU machine
+(intranode NVLink, GIN off).
+
+- ``build_deepep_argv``: the argv of scripts/build_deepep.sh for a pin of pins.yaml.
+- ``test_ep_argv``: ``python <DeepEP>/tests/elastic/test_ep.py --num-processes N ...``, one
+  process per node; test_ep spawns the N per-GPU ranks itself (``torch.multiprocessing.spawn``).
+  Correctness checks stay ON: ``--skip-check`` is refused (the published gate 1 ran with
+  ``skip_check=True``, ANCHORS 1.3 and 4), and so is every flag test_ep.py does not define at the
+  pins read (``--iters`` is V's, never test_ep's).
+- ``test_ep_env``: test_ep's ``init_dist`` contract (``deep_ep/utils/envs.py`` at both pins):
+  ``WORLD_SIZE`` = number of NODES, ``RANK`` = node rank, ``MASTER_ADDR``, ``MASTER_PORT`` = the
+  rendezvous port; ranks are ``node_rank * num_processes + local_rank``. Plus lib.transport's
+  contract for the transport. (Under torchrun, ``WORLD_SIZE``/``RANK`` would be torchrun's
+  process counts: the reason R's wrapper rewrote them, ANCHORS 1.3 and 4.)
+- ``gates_from_test_ep``: exit code, every rank's lines, dispatch+combine p50 (and the contract
+  threshold when given), the EFA provider on every rank (SKIP on intranode NVLink).
+
+What test_ep.py defines, read in deepseek-ai/DeepEP at b306af06afd412c88e51e71802951606e40b7358
+(pin ``deepep``) and dd758caf451848bd150e1046af3d0a73e5fff38d (pin ``deepep_intranode``):
+the same argparse flags at both (``TEST_EP_FLAGS``); no PASS marker (correctness is
+``assert torch.equal(...)`` unless ``--skip-check``); ``--do-pressure-test`` loops
+``range(int(1e9))`` seeds.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from lib import pins as pins_mod
+from lib.door import REPO_ROOT
+from lib.evidence import gate, skip
+from lib.params import ParameterError
+from lib.testep import PHASES, first_case, parse_test_ep_text
+from lib.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env
+from lib.vllm_logs import efa_provider_per_rank
+
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_deepep.sh"
+TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
+
+# The dispatch+combine p50 contract of the published cross-node run (EP16 on 2x p5en over EFA,
+# 128 tokens, hidden 7168, top-8 of 256 experts): R's gate 1, ANCHORS 1.3 and 3. The one place
+# this number lives; the published measurement itself (443.6 us) is lib.published's.
+CONTRACT_DC_P50_US = 740.0
+PUBLISHED_DC_P50_FIGURE = "test_ep D+C p50"
+
+# argparse flags of tests/elastic/test_ep.py, "value" (takes one) or "switch" (store_true), read
+# at each pin (identical at both: add_argument lines 522-554 at b306af06, 568-600 at dd758ca).
+_FLAGS_B306 = {
+    "--num-processes": "value", "--num-sms": "value", "--num-qps": "value",
+    "--num-allocated-qps": "value", "--num-gpu-timeout-secs": "value",
+    "--num-cpu-timeout-secs": "value", "--sl-idx": "value",
+    "--num-tokens": "value", "--hidden": "value", "--num-topk": "value", "--num-experts": "value",
+    "--do-cpu-sync": "value", "--allow-hybrid-mode": "value",
+    "--allow-multiple-reduction": "value", "--prefer-overlap-with-compute": "value",
+    "--deterministic": "switch",
+    "--seed": "value", "--skip-check": "switch", "--skip-perf-test": "switch",
+    "--do-pressure-test": "switch", "--reuse-elastic-buffer": "switch",
+    "--test-first-only": "switch", "--unbalanced-ratio": "value",
+    "--precise-unbalanced-ratio": "switch", "--masked-ratio": "value",
+    "--dump-profile-traces": "value", "--ignore-local-traffic": "switch",
+}
+TEST_EP_FLAGS: dict[str, dict[str, str]] = {
+    "b306af06afd412c88e51e71802951606e40b7358": dict(_FLAGS_B306),
+    "dd758caf451848bd150e1046af3d0a73e5fff38d": dict(_FLAGS_B306),
+}
+
+# Flags test_ep.py has but this guide never passes, and why.
+REFUSED_FLAGS = {
+    "--skip-check": "correctness checks stay ON: test_ep prints no PASS marker, so its "
+                    "assert torch.equal(...) checks and the exit code are the only proof "
+                    "(the published gate 1 ran with skip_check=True)",
+    "--do-pressure-test": "it loops over range(int(1e9)) seeds and never ends",
+    "--skip-perf-test": "it prints no timing lines, so no dispatch+combine p50 is recorded",
+}
+# Set by test_ep_argv's own arguments; not accepted again in ``extra``.
+_SET_BY_BUILDER = ("--num-processes", "--num-tokens", "--hidden", "--num-topk", "--num-experts",
+                   "--test-first-only")
+
+# Gate names.
+GATE_EXIT = "test_ep exit code 0"
+GATE_RANKS = "test_ep lines from every rank"
+GATE_DC = "dispatch+combine p50 recorded"
+GATE_DC_MAX = "dispatch+combine p50 within the contract"
+GATE_EFA = "EFA provider selected on every rank"
+
+
+# ---- the build ----------------------------------------------------------------------------------
+def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max_jobs: int,
+                      pin: str = "deepep_intranode", arch_list: str | None = None,
+                      python: str = "python3", patched_tree: str | None = None,
+                      skip_import: str | None = None, pins_data: dict | None = None) -> list[str]:
+    """argv of scripts/build_deepep.sh for pins.yaml's ``pin`` (its commit) against the pinned
+    nvidia-nccl-cu13 / nvidia-nvshmem-cu13 in ``site``. ``arch_list`` defaults to pins.yaml's
+    TORCH_CUDA_ARCH_LIST build arg."""
+    data = pins_data if pins_data is not None else pins_mod.load()
+    entry = data["pins"].get(pin)
+    if not entry or entry.get("kind") != "git" or "deepseek-ai/DeepEP" not in entry.get("repo", ""):
+        deepeps = sorted(n for n, p in data["pins"].items()
+                         if p.get("kind") == "git" and "deepseek-ai/DeepEP" in p.get("repo", ""))
+        raise ParameterError("pin", pin, "a deepseek-ai/DeepEP git pin of pins.yaml: "
+                             + ", ".join(deepeps))
+    _positive_int("max_jobs", max_jobs)
+    for name, value in (("src", src), ("site", site), ("log", log), ("python", python)):
+        _nonempty(name, value)
+    argv = ["bash", str(BUILD_SCRIPT), "--src", str(src), "--sha", entry["commit"],
+            "--site", str(site), "--nccl-version", data["pins"]["nccl"]["version"],
+            "--nvshmem-version", data["pins"]["nvshmem"]["version"],
+            "--max-jobs", str(max_jobs), "--log", str(log),
+            "--arch-list", arch_list or str(data["build_args"]["TORCH_CUDA_ARCH_LIST"]),
+            "--python", python]
+    if patched_tree is not None:
+        if not pins_mod.FULL_SHA.match(str(patched_tree)):
+            raise ParameterError("patched_tree", patched_tree, "a full 40-hex tree SHA")
+        argv += ["--patched-tree", patched_tree]
+    if skip_import is not None:
+        argv += ["--skip-import", _nonempty("skip_import", skip_import)]
+    return argv
+
+
+# ---- the kernel test: argv and env --------------------------------------------------------------
+def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_tokens: int,
+                 hidden: int, num_topk: int, num_experts: int, test_first_only: bool = True,
+                 extra: Iterable[str] = (), deepep_commit: str | None = None) -> list[str]:
+    """``python <tests_dir>/test_ep.py --num-processes N --num-tokens T --hidden H --num-topk K
+    --num-experts E [--test-first-only] [extra...]``, run once per node.
+
+    ``tests_dir`` is the DeepEP checkout's ``tests/elastic``. ``extra`` flags must exist in
+    test_ep.py at ``deepep_commit`` (None: at every pin read, ``TEST_EP_FLAGS``); refused:
+    ``REFUSED_FLAGS`` (``--skip-check`` above all) and the flags this function sets itself.
+    """
+    flags = _flags_at(deepep_commit)
+    _nonempty("python", python)
+    _nonempty("tests_dir", tests_dir)
+    for name, value in (("num_processes", num_processes), ("num_tokens", num_tokens),
+                        ("hidden", hidden), ("num_topk", num_topk),
+                        ("num_experts", num_experts)):
+        _positive_int(name, value)
+    if num_topk > num_experts:
+        raise ParameterError("num_topk", num_topk, f"an integer in 1..num_experts={num_experts}")
+    if num_experts % num_processes:
+        raise ParameterError("num_experts", num_experts,
+                             f"a multiple of the ranks (num_processes={num_processes} per node)")
+    if not isinstance(test_first_only, bool):
+        raise ParameterError("test_first_only", test_first_only, "True or False")
+    extra = _check_extra(list(extra) if not isinstance(extra, str) else [extra], flags)
+    argv = [str(python), str(Path(tests_dir) / TEST_EP_SCRIPT),
+            "--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
+            "--hidden", str(hidden), "--num-topk", str(num_topk),
+            "--num-experts", str(num_experts)]
+    if test_first_only:
+        argv.append("--test-first-only")
+    argv += extra
+    assert "--skip-check" not in argv and not any(a.startswith("--skip-check=") for a in argv), \
+        "test_ep must run with its correctness checks"
+    return argv
+
+
+def _flags_at(deepep_commit: str | None) -> dict[str, str]:
+    if deepep_commit is None:
+        common = set.intersection(*(set(f) for f in TEST_EP_FLAGS.values()))
+        first = next(iter(TEST_EP_FLAGS.values()))
+        return {f: first[f] for f in common}
+    if deepep_commit not in TEST_EP_FLAGS:
+        raise ParameterError("deepep_commit", deepep_commit,
+                             "a DeepEP commit whose test_ep.py was read: "
+                             + ", ".join(TEST_EP_FLAGS))
+    return TEST_EP_FLAGS[deepep_commit]
+
+
+def _check_extra(extra: list[str], flags: Mapping[str, str]) -> list[str]:
+    out, i = [], 0
+    while i < len(extra):
+        token = str(extra[i])
+        if not token.startswith("--"):
+            raise ParameterError("extra", extra, f"test_ep.py flags; {token!r} is not a flag "
+                                 "(a value must follow the flag that takes it)")
+        flag, eq, value = token.partition("=")
+        if flag in REFUSED_FLAGS:
+            raise ParameterError("extra", extra, f"no {flag}: {REFUSED_FLAGS[flag]}")
+        if flag in _SET_BY_BUILDER:
+            raise ParameterError("extra", extra, f"no {flag}: test_ep_argv sets it from its own "
+                                 "argument")
+        if flag not in flags:
+            raise ParameterError("extra", extra, f"flags test_ep.py defines at the pin; {flag} "
+                                 "is not one of them (known: " + ", ".join(sorted(flags)) + ")")
+        if flags[flag] == "switch":
+            if eq:
+                raise ParameterError("extra", extra, f"{flag} takes no value")
+            out.append(flag)
+            i += 1
+            continue
+        if eq:
+            out += [flag, value]
+            i += 1
+            continue
+        if i + 1 >= len(extra) or str(extra[i + 1]).startswith("--"):
+            raise ParameterError("extra", extra, f"{flag} needs a value")
+        out += [flag, str(extra[i + 1])]
+        i += 2
+    return out
+
+
+def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int, transport: str,
+                nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH
+                ) -> dict[str, str]:
+    """The environment of the one test_ep process on node ``node_rank`` of ``nodes``.
+
+    test_ep's ``init_dist``: ``WORLD_SIZE`` = nodes, ``RANK`` = node rank, ``MASTER_ADDR``,
+    ``MASTER_PORT`` = ``rdzv_port`` (the same on every node). Plus
+    ``lib.transport.transport_env(transport, nccl_site=...)`` ('efa' on the cluster,
+    'intranode_nvlink' on one machine: EP_DISABLE_GIN=1 and the NCCL preload), and, when
+    ``nccl_site`` is given, DeepEP's own NCCL root variables pointing into it
+    (``EP_NCCL_ROOT_DIR``, ``NCCL_DIR``: deep_ep checks at import that the loaded libnccl is the
+    one it finds there). ``NCCL_DEBUG=INFO`` with INIT,NET,ENV: NCCL's per-rank init lines and,
+    on EFA, the plugin's "Selected provider is efa" per process are the per-rank evidence.
+    The transport's variables that must be absent: ``lib.transport.unset_vars(transport)``.
+    """
+    _positive_int("nodes", nodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
+            or not 0 <= node_rank < nodes:
+        raise ParameterError("node_rank", node_rank,
+                             f"an integer in 0..{nodes - 1} (nodes={nodes})")
+    _nonempty("master_addr", master_addr)
+    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) \
+            or not 1 <= rdzv_port <= 65535:
+        raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
+    if transport not in TRANSPORTS:
+        raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
+    if transport == "intranode_nvlink" and nodes != 1:
+        raise ParameterError("nodes", nodes, "1 on the intranode_nvlink transport (one machine's "
+                             "NVLink; across nodes the transport is efa)")
+    env = {
+        "WORLD_SIZE": str(nodes),
+        "RANK": str(node_rank),
+        "MASTER_ADDR": str(master_addr),
+        "MASTER_PORT": str(rdzv_port),
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
+    }
+    if nccl_site is not None:
+        root = str(Path(_nonempty("nccl_site", nccl_site)) / "nvidia" / "nccl")
+        env["EP_NCCL_ROOT_DIR"] = root
+        env["NCCL_DIR"] = root
+    env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
+    return env
+
+
+# Their names start with "test_": tell pytest they are not tests when a test module imports them.
+test_ep_argv.__test__ = False  # type: ignore[attr-defined]
+test_ep_env.__test__ = False  # type: ignore[attr-defined]
+
+
+# ---- the kernel test: gates ---------------------------------------------------------------------
+def published_dc_p50_us() -> float:
+    """The published cross-node D+C p50 (443.6 us), from lib.published."""
+    from lib.published import reference_figures
+
+    figures = reference_figures()
+    return float(figures.loc[figures.figure == PUBLISHED_DC_P50_FIGURE, "value"].iloc[0])
+
+
+# One exit code, one per node (in node order), or node name -> exit code; None: no exit code.
+ExitCodes = int | None | Sequence[int | None] | Mapping[str, int | None]
+
+
+def gates_from_test_ep(log_text: str, rc: ExitCodes, *, num_ranks: int, evidence: Sequence[str],
+                       transport: str = "efa", dc_p50_max_us: float | None = None) -> list[dict]:
+    """The kernel test's gates from test_ep's output (every node's log, joined) and exit code(s).
+
+    ``rc``: one exit code, or one per node (a list, or a mapping node name -> rc); None = no exit
+    code (timed out, never started). ``num_ranks`` = nodes x processes per node. The threshold
+    gate is made only when ``dc_p50_max_us`` is given (the cluster: ``CONTRACT_DC_P50_US``).
+    Each gate: {gate, status PASS|FAIL|SKIP, observed, expected, reason, evidence}.
+    """
+    _positive_int("num_ranks", num_ranks)
+    if transport not in TRANSPORTS:
+        raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
+    if dc_p50_max_us is not None and (isinstance(dc_p50_max_us, bool)
+                                      or not isinstance(dc_p50_max_us, (int, float))
+                                      or not math.isfinite(dc_p50_max_us) or dc_p50_max_us <= 0):
+        raise ParameterError("dc_p50_max_us", dc_p50_max_us, "a number of microseconds > 0")
+    ev = [str(e) for e in evidence]
+    try:
+        cases = parse_test_ep_text(log_text, source=ev[0] if ev else "test_ep output")
+        parse_error = ""
+    except ValueError as error:
+        cases, parse_error = {}, str(error)
+    case = first_case(cases) if cases else None
+    gates = [_exit_gate(rc, ev), _ranks_gate(cases, parse_error, num_ranks, ev),
+             _dc_gate(case, parse_error, num_ranks, ev)]
+    if dc_p50_max_us is not None:
+        gates.append(_dc_max_gate(case, float(dc_p50_max_us), num_ranks, ev))
+    gates.append(_efa_gate(log_text, transport, num_ranks, ev))
+    return gates
+
+
+def _exit_gate(rc, ev: list[str]) -> dict:
+    codes = _exit_codes(rc)
+    bad = {name: code for name, code in codes.items() if code != 0}
+    observed = codes if len(codes) > 1 else next(iter(codes.values()))
+    expected = "0 on every node" if len(codes) > 1 else 0
+    if bad:
+        said = "; ".join(f"{name}: no exit code (timed out or never ran)" if code is None
+                         else f"{name}: exit {code}" for name, code in bad.items())
+        reason = (f"test_ep failed ({said}); test_ep prints no PASS marker: the exit code is "
+                  "the gate")
+        return gate(GATE_EXIT, False, observed, expected, reason, ev).as_dict()
+    return gate(GATE_EXIT, True, observed, expected,
+                "test_ep prints no PASS marker: the exit code is the gate (its correctness "
+                "asserts ran: --skip-check is never passed)", ev).as_dict()
+
+
+def _exit_codes(rc) -> dict[str, int | None]:
+    if rc is None or isinstance(rc, int) and not isinstance(rc, bool):
+        return {"test_ep": rc}
+    if isinstance(rc, Mapping):
+        codes = {str(k): v for k, v in rc.items()}
+    elif isinstance(rc, Sequence) and not isinstance(rc, str):
+        codes = {f"node {i}": v for i, v in enumerate(rc)}
+    else:
+        raise ParameterError("rc", rc, "an exit code, a list of them or a mapping node -> code")
+    if not codes or any(v is not None and (isinstance(v, bool) or not isinstance(v, int))
+                        for v in codes.values()):
+        raise ParameterError("rc", rc, "at least one exit code (an integer or None)")
+    return codes
+
+
+def _ranks_gate(cases: dict, parse_error: str, num_ranks: int, ev: list[str]) -> dict:
+    expected = {"ranks": list(range(num_ranks)), "phases": list(PHASES)}
+    if parse_error:
+        return gate(GATE_RANKS, False, {"ranks_seen": []}, expected,
+                    f"no rank printed test_ep lines: {parse_error}", ev).as_dict()
+    seen: set[int] = set()
+    printed_sizes: set[int] = set()
+    problems: list[str] = []
+    missing_ranks: set[int] = set()
+    for label, case in cases.items():
+        printed_sizes.add(case["num_ranks"])
+        have: dict[int, set[str]] = {}
+        for record in case["per_rank"]:
+            have.setdefault(record["rank"], set()).add(record["phase"])
+        seen |= set(have)
+        absent = [r for r in range(num_ranks) if r not in have]
+        missing_ranks |= set(absent)
+        if absent:
+            problems.append(f"rank(s) {', '.join(map(str, absent))} of {num_ranks} printed no "
+                            f"lines in case {label!r}")
+        partial = {r: [p for p in PHASES if p not in have[r]] for r in sorted(have)
+                   if r < num_ranks and set(PHASES) - have[r]}
+        for r, phases in partial.items():
+            problems.append(f"rank {r} lacks {', '.join(phases)} in case {label!r}")
+    extra = sorted(r for r in seen if r >= num_ranks)
+    if extra:
+        problems.append(f"rank(s) {', '.join(map(str, extra))} outside 0..{num_ranks - 1}")
+    if printed_sizes != {num_ranks}:
+        problems.append(f"test_ep printed EP sizes {sorted(printed_sizes)}, expected {num_ranks}")
+    observed = {"ranks_seen": sorted(seen), "missing_ranks": sorted(missing_ranks),
+                "ep_sizes_printed": sorted(printed_sizes), "cases": len(cases)}
+    if problems:
+        return gate(GATE_RANKS, False, observed, expected, "; ".join(problems), ev).as_dict()
+    return gate(GATE_RANKS, True, observed, expected,
+                f"all {num_ranks} ranks printed every phase line in {len(cases)} case(s)",
+                ev).as_dict()
+
+
+def _dc_observed(case: dict | None) -> dict[str, Any]:
+    if case is None:
+        return {"dc_p50_us": None}
+    phases = case["phases_us"]
+    return {"ranks_timed": min((phases.get(p) or {}).get("n", 0) for p in ("dispatch", "combine")),
+            "case": case["case"], "num_tokens": case.get("num_tokens"),
+            "hidden": case.get("hidden"), "num_topk": case.get("num_topk"),
+            "num_experts": case.get("num_experts"), "num_ranks": case.get("num_ranks"),
+            "dispatch_p50_us": (phases.get("dispatch") or {}).get("p50"),
+            "combine_p50_us": (phases.get("combine") or {}).get("p50"),
+            "dc_p50_us": case["dc_p50_us"]}
+
+
+def _incomplete(observed: dict, num_ranks: int) -> str:
+    """Why a D+C p50 is not a measurement of every rank ('' when it is)."""
+    if observed["dc_p50_us"] is not None and observed["ranks_timed"] != num_ranks:
+        return (f"dispatch and combine were timed on {observed['ranks_timed']} of {num_ranks} "
+                "ranks: a p50 over part of the ranks is not recorded")
+    return ""
+
+
+def _dc_gate(case: dict | None, parse_error: str, num_ranks: int, ev: list[str]) -> dict:
+    observed = _dc_observed(case)
+    expected = f"dispatch p50 + combine p50 of the first case, across all {num_ranks} ranks (us)"
+    if case is None:
+        return gate(GATE_DC, False, observed, expected,
+                    f"nothing to record: {parse_error}", ev).as_dict()
+    if case["dc_p50_us"] is None:
+        lacking = [p for p in ("dispatch", "combine") if p in case["missing_phases"]]
+        return gate(GATE_DC, False, observed, expected,
+                    f"the first case lacks {' and '.join(lacking)} lines ({case['case']!r})",
+                    ev).as_dict()
+    if why := _incomplete(observed, num_ranks):
+        return gate(GATE_DC, False, observed, expected, why, ev).as_dict()
+    return gate(GATE_DC, True, observed, expected,
+                f"D+C p50 {case['dc_p50_us']:.3f} us = dispatch {observed['dispatch_p50_us']:.3f} "
+                f"+ combine {observed['combine_p50_us']:.3f} (first case, "
+                f"{case.get('num_ranks')} ranks)", ev).as_dict()
+
+
+def _dc_max_gate(case: dict | None, limit: float, num_ranks: int, ev: list[str]) -> dict:
+    observed = _dc_observed(case)
+    expected = f"<= {limit:g} us"
+    if limit == CONTRACT_DC_P50_US:
+        expected += f" (the contract; published {published_dc_p50_us():g} us on 2x p5en EP16)"
+    dc = observed["dc_p50_us"]
+    if dc is None:
+        return gate(GATE_DC_MAX, False, observed, expected,
+                    "no dispatch+combine p50 was recorded", ev).as_dict()
+    if why := _incomplete(observed, num_ranks):
+        return gate(GATE_DC_MAX, False, observed, expected, why, ev).as_dict()
+    ok = dc <= limit
+    reason = (f"D+C p50 {dc:.3f} us {'<=' if ok else '>'} {limit:g} us"
+              + ("" if ok else ": slower than the threshold"))
+    return gate(GATE_DC_MAX, ok, observed, expected, reason, ev).as_dict()
+
+
+def _efa_gate(log_text: str, transport: str, num_ranks: int, ev: list[str]) -> dict:
+    if transport != "efa":
+        return skip(GATE_EFA, f"the {transport} transport: one machine's NVLink with GIN off "
+                    "(EP_DISABLE_GIN=1); no EFA provider is selected", ev).as_dict()
+    found = efa_provider_per_rank(log_text, num_ranks, log_name=ev[0] if ev else "log")
+    return {**found, "gate": GATE_EFA, "evidence": ev + list(found["evidence"])}
+
+
+# ---- argument checks ----------------------------------------------------------------------------
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParameterError(name, value, "an integer >= 1")
+    return value
+
+
+def _nonempty(name: str, value) -> str:
+    if value is None or not str(value).strip():
+        raise ParameterError(name, value, "a non-empty string")
+    return str(value)

@@ -1,8 +1,8 @@
-"""DeepEP itself: its one build (scripts/build_deepep.sh) and its own kernel test
+"""DeepEP itself: its one build (docker/build_deepep.sh) and its own kernel test
 (``tests/elastic/test_ep.py``), the same code path on the cluster (EFA) and on a 2-GPU machine
 (intranode NVLink, GIN off).
 
-- ``build_deepep_argv``: the argv of scripts/build_deepep.sh for a pin of pins.yaml.
+- ``build_deepep_argv``: the argv of docker/build_deepep.sh for a pin of pins.yaml.
 - ``test_ep_argv``: ``python <DeepEP>/tests/elastic/test_ep.py --num-processes N ...``, one
   process per node; test_ep spawns the N per-GPU ranks itself (``torch.multiprocessing.spawn``).
   Correctness checks stay ON: ``--skip-check`` is refused (the published gate 1 ran with
@@ -36,7 +36,7 @@ from lib.testep import PHASES, first_case, parse_test_ep_text
 from lib.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env
 from lib.vllm_logs import efa_provider_per_rank
 
-BUILD_SCRIPT = REPO_ROOT / "scripts" / "build_deepep.sh"
+BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
 
 # The dispatch+combine p50 contract of the published cross-node run (EP16 on 2x p5en over EFA,
@@ -91,7 +91,7 @@ def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max
                       pin: str = "deepep_intranode", arch_list: str | None = None,
                       python: str = "python3", patched_tree: str | None = None,
                       skip_import: str | None = None, pins_data: dict | None = None) -> list[str]:
-    """argv of scripts/build_deepep.sh for pins.yaml's ``pin`` (its commit) against the pinned
+    """argv of docker/build_deepep.sh for pins.yaml's ``pin`` (its commit) against the pinned
     nvidia-nccl-cu13 / nvidia-nvshmem-cu13 in ``site``. ``arch_list`` defaults to pins.yaml's
     TORCH_CUDA_ARCH_LIST build arg."""
     data = pins_data if pins_data is not None else pins_mod.load()

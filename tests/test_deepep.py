@@ -1,4 +1,4 @@
-"""DeepEP's one build (scripts/build_deepep.sh) and its own kernel test (lib.deepep): the script's
+"""DeepEP's one build (docker/build_deepep.sh) and its own kernel test (lib.deepep): the script's
 refusals run for real against a git repository made here (nothing is compiled: a stand-in python
 plays setup.py), test_ep's argv and env exactly, and the gates on the real 2x H200 test_ep logs
 (../shared/fixtures/deepep-test_ep-2xh200/) and on failures derived from them."""
@@ -16,7 +16,7 @@ from lib.params import ParameterError
 from lib.stages import image
 from lib.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
 
-SCRIPT = REPO_ROOT / "scripts" / "build_deepep.sh"
+SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 SHELLCHECK = REPO_ROOT / ".venv" / "bin" / "shellcheck"
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "deepep-test_ep-2xh200"
 LOGS = {tokens: FIXTURES / f"test_ep_{tokens}tok_h7168_top8_e256.log"
@@ -25,7 +25,7 @@ B306 = "b306af06afd412c88e51e71802951606e40b7358"
 DD758 = "dd758caf451848bd150e1046af3d0a73e5fff38d"
 
 
-# ---- scripts/build_deepep.sh --------------------------------------------------------------------
+# ---- docker/build_deepep.sh --------------------------------------------------------------------
 def git(*args: str, cwd: Path) -> str:
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
     return subprocess.run(["git", *args], cwd=cwd, check=True, text=True, capture_output=True,

@@ -3,7 +3,7 @@
 # machine and (once the image's build context admits this file) in the image.
 #
 # Usage:
-#   scripts/build_deepep.sh --src DIR --sha SHA40 --site DIR \
+#   docker/build_deepep.sh --src DIR --sha SHA40 --site DIR \
 #       --nccl-version 2.30.4 --nvshmem-version 3.6.5 --max-jobs N --log FILE \
 #       [--arch-list 9.0] [--python python3] [--patched-tree TREE40] [--skip-import REASON]
 #

@@ -5,6 +5,19 @@
 #   scripts/gpu-run.sh RUN_ID WHEELS_NB WHEELS_AIPERF STAGES
 # WHEELS_NB: wheels of papermill, ipykernel, nbclient, sh and transformers serve's extras;
 # WHEELS_AIPERF: AIPerf 0.13.0 and what it needs beyond the machine's packages.
+#
+# Made on a machine with PyPI (2026-11-30; both together ~58 MiB, one device call), with
+#   P="--only-binary=:all: --python-version 3.12 --implementation cp --platform any
+#      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+#   pip download $P -d nb papermill==2.7.0 nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0 \
+#     jupyter-client==8.10.0 sh==2.4.0 fastapi==0.136.3 starlette==1.10.0 uvicorn==0.54.0 \
+#     openai==1.109.1 opentelemetry-api importlib-metadata
+#   pip download $P -d aiperf aiperf==0.13.0
+# then deleting from each the wheels of packages the H200 image already holds (its list is in the
+# device tool's KINDS.md; pandas kept for AIPerf's pin), and from aiperf/ the ones its profile
+# command never imports (plotly, dash*, kaleido, choreographer, optuna, alembic, sqlalchemy,
+# mako, kopf, kubernetes_asyncio, textual, flask, itsdangerous, blinker, retrying, logistro,
+# colorlog: checked by running `aiperf profile` with those modules blocked).
 set -euo pipefail
 run_id=${1:?run id}
 wheels_nb=${2:?folder of notebook wheels}

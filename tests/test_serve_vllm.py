@@ -1,0 +1,302 @@
+"""lib.serve_vllm against a test double of vLLM fed only real vLLM 0.24.0 output.
+
+vLLM cannot run on this CPU machine, so each test writes `vllm-double` into tmp_path: an
+executable that takes exactly the argv lib.vllm_args builds (it is passed as `python`, so the
+argv is `vllm-double -m vllm.entrypoints.cli.main serve MODEL --enable-expert-parallel ...`),
+replays a REAL log recorded on two H200s (../shared/fixtures/vllm-0.24.0-2xh200/) to stdout
+line by line, up to the last "Application startup complete.", then serves /health, /v1/models
+and /v1/chat/completions on --port (vLLM's OpenAI shapes, minimal) and logs each request in the
+uvicorn access-log format of those logs; on SIGTERM it replays the recorded shutdown lines and
+exits. Everything lib.serve_vllm does to it is real: door.start, HTTP, /proc, the stop by PID.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lib import params, serve, serve_vllm
+from lib.door import Door, read_transcript
+from lib.params import ParameterError
+from lib.stage import Stage
+from lib.vllm_args import vllm_serve
+
+FIXTURES = Path("/work/shared/fixtures/vllm-0.24.0-2xh200")
+DEEPEP_LOG = FIXTURES / "vllm-deepep_v2-run2.log"
+ALLGATHER_LOG = FIXTURES / "vllm-allgather_reducescatter-run2.log"
+NUM_EXPERTS = 64  # the served model of those logs: 64 experts, 32/64 per rank on 2 GPUs
+TIMEOUT_S = 20.0
+
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent")
+
+DOUBLE = r'''#!{python}
+"""vllm-double: replays a real vLLM 0.24.0 log, then answers like its OpenAI server."""
+import json, re, signal, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
+CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
+
+def out(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+args = sys.argv[1:]
+if args[:3] != CLI or len(args) < 4 or "--port" not in args:
+    out("vllm-double: usage: vllm-double -m vllm.entrypoints.cli.main serve MODEL ... --port P")
+    sys.exit(2)
+model, port = args[3], int(args[args.index("--port") + 1])
+import os
+with open(RECORD, "w") as fh:
+    json.dump({{"argv": sys.argv, "env": {{k: os.environ.get(k) for k in
+               ("VLLM_USE_FLASHINFER_SAMPLER", "EP_DISABLE_GIN", "NCCL_NVLS_ENABLE")}}}}, fh)
+
+lines = open(LOG, encoding="utf-8").read().splitlines()
+ready_at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
+access = [i for i, l in enumerate(lines) if re.search(r'" \d{{3}} ', l) and "HTTP/1.1" in l]
+shutdown_from = (max(access) if access else ready_at) + 1
+prefix = re.match(r"(\(ApiServer_\d+ pid=\d+\) )", lines[ready_at]).group(1)
+
+if MODE == "crash":  # starts like the real run, then dies before serving
+    for line in lines[:20]:
+        out(line); time.sleep(DELAY)
+    sys.exit(1)
+
+for line in lines[:ready_at + 1]:
+    out(line); time.sleep(DELAY)
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):  # uvicorn's access-log line, as in the real log
+        pass
+
+    def answer(self, status, body):
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        host, cport = self.client_address[:2]
+        out(f'{{prefix}}INFO:     {{host}}:{{cport}} - "{{self.command}} {{self.path}} HTTP/1.1" '
+            f'{{status}} {{"OK" if status == 200 else "Not Found"}}')
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.answer(200, None)  # vLLM: 200, empty body
+        if self.path == "/v1/models":
+            return self.answer(200, {{"object": "list", "data": [{{
+                "id": model, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": model, "parent": None, "max_model_len": 2048}}]}})
+        self.answer(404, {{"detail": "Not Found"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{{}}")
+        if self.path != "/v1/chat/completions":
+            return self.answer(404, {{"detail": "Not Found"}})
+        n = int(body.get("max_tokens") or 16)
+        prompt = sum(len(m.get("content", "").split()) for m in body.get("messages", []))
+        self.answer(200, {{
+            "id": "chatcmpl-double", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": [{{
+                "index": 0, "message": {{"role": "assistant", "content": " tok" * n,
+                                        "tool_calls": []}},
+                "logprobs": None, "finish_reason": "length", "stop_reason": None}}],
+            "usage": {{"prompt_tokens": prompt, "total_tokens": prompt + n,
+                      "completion_tokens": n, "prompt_tokens_details": None}}}})
+
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: stop.set())
+server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+while not stop.wait(0.05):
+    pass
+server.shutdown()
+server.server_close()
+for line in lines[shutdown_from:]:
+    out(line); time.sleep(DELAY / 4)
+sys.exit(0)
+'''
+
+
+def make_double(tmp_path: Path, log: Path, mode: str = "serve") -> tuple[Path, Path]:
+    """(the vllm-double executable, the JSON file where it records its argv and env)."""
+    record = tmp_path / f"double-{mode}-{log.stem}.json"
+    path = tmp_path / "bin" / "vllm-double"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(DOUBLE.format(python=sys.executable, log=str(log), mode=mode,
+                                  record=str(record)))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path, record
+
+
+def nccl_site(tmp_path: Path) -> Path:
+    """A site whose nvidia/nccl/lib/libnccl.so.2 is a harmless real library (libm), so the
+    intranode transport's LD_PRELOAD loads cleanly into the double."""
+    site = tmp_path / "site"
+    lib = site / "nvidia" / "nccl" / "lib"
+    lib.mkdir(parents=True)
+    libm = next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6",
+                            "/lib64/libm.so.6") if Path(p).exists())
+    (lib / "libnccl.so.2").symlink_to(libm)
+    return site
+
+
+def make_stage(tmp_path: Path) -> Stage:
+    run_dir = tmp_path / "run"
+    return Stage("04_serve", params.resolve("04_serve", {}), run_dir, Door(run_dir, "04_serve"),
+                 None)
+
+
+def by_name(gates) -> dict:
+    return {g.gate: g for g in gates}
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def assert_stopped(stage: Stage, server) -> None:
+    assert by_name(stage.gates)["server stopped"].status == "PASS", stage.gates[-1]
+    assert not pid_running(server.proc.pid)
+    assert not listening(server.port)
+
+
+def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
+    double, record = make_double(tmp_path, DEEPEP_LOG)
+    site = nccl_site(tmp_path)
+    stage = make_stage(tmp_path)
+    model = str(tmp_path / "models" / "moe")
+    started = time.monotonic()
+    with serve_vllm.vllm_server(stage, model, gpus=2, backend="deepep_v2",
+                                num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                python=str(double), nccl_site=site) as server:
+        assert server.ready, stage.gates
+        listed, _ = serve.models_gate(stage, server)
+        chat, answer = serve.chat_gate(stage, server)
+        stage.add(listed, chat)
+    took = time.monotonic() - started
+    gates = by_name(stage.gates)
+    for name in serve_vllm.BACKEND_GATES:
+        assert gates[name].status == "PASS", gates[name]
+    assert server.backend_ok
+    assert gates["vllm_all2all_manager"].observed["constructed"] == ["DeepEPV2All2AllManager"]
+    assert gates["vllm_prepare_finalize"].observed == ["DeepEPV2PrepareAndFinalize"]
+    manager_evidence = gates["vllm_all2all_manager"].evidence
+    assert any(e.startswith("04_serve/vllm.log:52: ") for e in manager_evidence)
+    assert gates["server ready"].status == "PASS"
+    assert gates["/v1/models lists the model"].status == "PASS", gates["/v1/models lists the model"]
+    assert gates["chat request answers with content and usage"].status == "PASS"
+    assert answer["usage"]["completion_tokens"] == 16
+    assert server.startup_s == 93.0  # 09:55:59 -> 09:57:32 in the recorded log
+    assert_stopped(stage, server)
+
+    # The flags are exactly lib.vllm_args's; only the program is the double.
+    want_argv, want_env = vllm_serve("local", model=model, backend="deepep_v2", dp_size=2,
+                                     dp_size_local=2, port=server.port, enforce_eager=True,
+                                     transport="intranode_nvlink", nccl_site=site,
+                                     num_experts=NUM_EXPERTS, python=str(double))
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == want_argv == server.argv
+    assert want_argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert seen["env"] == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "EP_DISABLE_GIN": "1",
+                           "NCCL_NVLS_ENABLE": "0"}
+    starts = [e for e in read_transcript(stage.run_dir / "transcript.jsonl")
+              if e["kind"] == "start"]
+    assert len(starts) == 1 and starts[0]["log"] == "{run}/04_serve/vllm.log"
+    assert starts[0]["env"]["VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE"] == "1"
+
+    # The artifact is the real log, whole: replayed startup, the double's requests, shutdown.
+    log = (stage.dir / "vllm.log").read_text()
+    real = DEEPEP_LOG.read_text().splitlines()
+    assert log.splitlines()[:169] == real[:169]
+    assert '"GET /health HTTP/1.1" 200 OK' in log
+    assert log.splitlines()[-1] == real[-1]
+    print(f"deepep_v2 replay: {took:.1f} s")
+
+    # A replay starts nothing (the double is gone) and re-computes the same gates from the
+    # recorded transcript, the backend gates from the recorded log read through the door.
+    double.unlink()
+    copy = tmp_path / "replayed"
+    shutil.copytree(stage.run_dir, copy)
+    again = Stage("04_serve", stage.params, copy, Door(copy, "04_serve", replay=True),
+                  stage.run_dir)
+    with serve_vllm.vllm_server(again, model, gpus=2, backend="deepep_v2",
+                                num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                python=str(double), nccl_site=site) as replayed:
+        assert replayed.ready and replayed.port == server.port
+        again.add(serve.models_gate(again, replayed)[0], serve.chat_gate(again, replayed)[0])
+    assert [g.as_dict() for g in again.gates] == [g.as_dict() for g in stage.gates]
+    assert again.door.remaining() == 0
+
+
+def test_allgather_log_while_deepep_v2_requested_fails_naming_the_built_manager(tmp_path):
+    double, _ = make_double(tmp_path, ALLGATHER_LOG)
+    stage = make_stage(tmp_path)
+    with serve_vllm.vllm_server(stage, str(tmp_path / "moe"), gpus=2, backend="deepep_v2",
+                                num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                python=str(double), nccl_site=nccl_site(tmp_path)) as server:
+        assert server.ready
+    gates = by_name(stage.gates)
+    manager = gates["vllm_all2all_manager"]
+    assert manager.status == "FAIL"
+    assert manager.observed["constructed"] == ["AgRsAll2AllManager"]
+    assert "vLLM built AgRsAll2AllManager" in manager.reason
+    assert "DeepEPV2All2AllManager" in manager.reason
+    assert gates["vllm_prepare_finalize"].status == "FAIL"
+    assert "MoEPrepareAndFinalizeNaiveDPEPModular" in gates["vllm_prepare_finalize"].reason
+    assert gates["vllm_ep_split"].status == "PASS"  # the split is right; the backend is not
+    assert not server.backend_ok
+    assert_stopped(stage, server)
+
+
+def test_double_that_exits_at_once_fails_ready_with_log_tail(tmp_path):
+    double, _ = make_double(tmp_path, DEEPEP_LOG, mode="crash")
+    stage = make_stage(tmp_path)
+    started = time.monotonic()
+    with serve_vllm.vllm_server(stage, str(tmp_path / "moe"), gpus=2, backend="deepep_v2",
+                                num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                python=str(double), nccl_site=nccl_site(tmp_path)) as server:
+        assert not server.ready
+    took = time.monotonic() - started
+    gates = by_name(stage.gates)
+    ready = gates["server ready"]
+    assert ready.status == "FAIL"
+    assert "vLLM exited with code 1" in ready.reason
+    assert "Defaulting api_server_count to data_parallel_size (2)." in ready.reason  # log tail
+    assert took < TIMEOUT_S
+    for name in serve_vllm.BACKEND_GATES:
+        assert gates[name].status == "SKIP" and "never became ready" in gates[name].reason
+    assert_stopped(stage, server)
+
+
+def test_bad_requests_refused_before_anything_starts(tmp_path):
+    stage = make_stage(tmp_path)
+    site = nccl_site(tmp_path)
+    for kwargs, field in (({"backend": "naive"}, "backend"), ({"gpus": 1}, "gpus"),
+                          ({"num_experts": 63}, "num_experts")):
+        call = {"gpus": 2, "backend": "deepep_v2", "num_experts": NUM_EXPERTS, **kwargs}
+        with pytest.raises(ParameterError, match=field):
+            with serve_vllm.vllm_server(stage, "/m", timeout_s=1, port=8000, nccl_site=site,
+                                        **call):
+                pass
+    transcript = stage.run_dir / "transcript.jsonl"
+    assert not [e for e in read_transcript(transcript) if e["kind"] == "start"]
+    assert stage.gates == []

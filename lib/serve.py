@@ -187,11 +187,22 @@ def wait_ready(stage, server: Server, timeout_s: float) -> Gate:
 
     Ready means the HTTP API answers. Whether it lists the model is a gate of its own: transformers
     5.17 lists only the Hugging Face cache there, never the served path (seen on the H200s)."""
-    door, name = stage.door, "server ready"
-    evidence = [stage.rel(server.log_path)]
-    want = door.norm(server.model_dir)
+    want = stage.door.norm(server.model_dir)
     print(f"waiting up to {timeout_s:.0f} s for transformers serve at {server.url} "
           f"(GET /v1/models answers 200; log {stage.rel(server.log_path)})", flush=True)
+    return poll_until_ready(
+        stage, server, timeout_s, path="/v1/models", who="the server", waiting_for="",
+        ready_note=lambda body: f" ({'listing' if want in listed_models(body) else 'not listing'}"
+                                " the model)")
+
+
+def poll_until_ready(stage, server: Server, timeout_s: float, *, path: str, who: str,
+                     waiting_for: str, ready_note=lambda body: "") -> Gate:
+    """The readiness loop every engine shares: the process's exit code, then GET `path`, until
+    200, an exit, or the deadline; a FAIL carries the log's tail. `who` names the process in
+    the messages ("the server", "vLLM"), `waiting_for` the progress lines (" for vLLM")."""
+    door, name = stage.door, "server ready"
+    evidence = [stage.rel(server.log_path)]
     started = door.now()
     next_note = PROGRESS_EVERY_S
     while True:
@@ -199,16 +210,16 @@ def wait_ready(stage, server: Server, timeout_s: float) -> Gate:
         elapsed = round(door.now() - started, 1)
         if rc is not None:
             return gate(name, False, {"exit_code": rc, "after_s": elapsed}, "listening",
-                        f"the server exited with code {rc} after {elapsed} s; log tail:\n"
+                        f"{who} exited with code {rc} after {elapsed} s; log tail:\n"
                         + log_tail(door, server.log_path), evidence)
-        answer = door.http("GET", server.url + "/v1/models", timeout=PROBE_TIMEOUT_S)
+        answer = door.http("GET", server.url + path, timeout=PROBE_TIMEOUT_S)
         if answer.status == 200:
             server.ready, server.ready_s = True, elapsed
-            listed = want in listed_models(answer.body)
-            print(f"server ready after {elapsed} s", flush=True)
+            print(f"{'server' if who == 'the server' else who} ready after {elapsed} s",
+                  flush=True)
             return gate(name, True, {"ready_after_s": elapsed, "port": server.port},
-                        {"within_s": timeout_s}, f"GET /v1/models answered 200 after {elapsed} s"
-                        f" ({'listing' if listed else 'not listing'} the model)", evidence)
+                        {"within_s": timeout_s}, f"GET {path} answered 200 after {elapsed} s"
+                        + ready_note(answer.body), evidence)
         if elapsed >= timeout_s:
             seen = answer.error or f"HTTP {answer.status}"
             return gate(name, False, {"waited_s": elapsed, "last_probe": seen},
@@ -216,7 +227,7 @@ def wait_ready(stage, server: Server, timeout_s: float) -> Gate:
                         f"not ready within {timeout_s:.0f} s (last probe: {seen}); log tail:\n"
                         + log_tail(door, server.log_path), evidence)
         if elapsed >= next_note:
-            print(f"  still waiting: {elapsed:.0f} s of {timeout_s:.0f} s", flush=True)
+            print(f"  still waiting{waiting_for}: {elapsed:.0f} s of {timeout_s:.0f} s", flush=True)
             next_note += PROGRESS_EVERY_S
         door.sleep(POLL_INTERVAL_S)
 

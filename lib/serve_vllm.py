@@ -36,7 +36,7 @@ from lib import vllm_logs
 from lib.door import DoorError
 from lib.evidence import Gate, gate, skip
 from lib.params import ParameterError
-from lib.serve import (POLL_INTERVAL_S, PROBE_TIMEOUT_S, PROGRESS_EVERY_S, Server, log_tail,
+from lib.serve import (POLL_INTERVAL_S, Server, poll_until_ready,
                        stop_server)
 from lib.vllm_args import vllm_serve
 
@@ -70,37 +70,11 @@ def _startup_lines(text: str | None) -> int:
 
 def wait_ready(stage, server: VllmServer, timeout_s: float) -> Gate:
     """Poll the process and GET /health until it answers 200, the process exits, or time is up."""
-    door, name = stage.door, "server ready"
-    evidence = [stage.rel(server.log_path)]
     print(f"waiting up to {timeout_s:.0f} s for vLLM (DP={server.gpus}, all2all backend "
           f"{server.backend}) at {server.url} (GET {READY_PATH} answers 200; log "
           f"{stage.rel(server.log_path)})", flush=True)
-    started = door.now()
-    next_note = PROGRESS_EVERY_S
-    while True:
-        rc = door.poll(server.proc)
-        elapsed = round(door.now() - started, 1)
-        if rc is not None:
-            return gate(name, False, {"exit_code": rc, "after_s": elapsed}, "listening",
-                        f"vLLM exited with code {rc} after {elapsed} s; log tail:\n"
-                        + log_tail(door, server.log_path), evidence)
-        answer = door.http("GET", server.url + READY_PATH, timeout=PROBE_TIMEOUT_S)
-        if answer.status == 200:
-            server.ready, server.ready_s = True, elapsed
-            print(f"vLLM ready after {elapsed} s", flush=True)
-            return gate(name, True, {"ready_after_s": elapsed, "port": server.port},
-                        {"within_s": timeout_s},
-                        f"GET {READY_PATH} answered 200 after {elapsed} s", evidence)
-        if elapsed >= timeout_s:
-            seen = answer.error or f"HTTP {answer.status}"
-            return gate(name, False, {"waited_s": elapsed, "last_probe": seen},
-                        {"within_s": timeout_s},
-                        f"not ready within {timeout_s:.0f} s (last probe: {seen}); log tail:\n"
-                        + log_tail(door, server.log_path), evidence)
-        if elapsed >= next_note:
-            print(f"  still waiting for vLLM: {elapsed:.0f} s of {timeout_s:.0f} s", flush=True)
-            next_note += PROGRESS_EVERY_S
-        door.sleep(POLL_INTERVAL_S)
+    return poll_until_ready(stage, server, timeout_s, path=READY_PATH, who="vLLM",
+                            waiting_for=" for vLLM")
 
 
 def read_settled_log(stage, server: VllmServer, started: float, timeout_s: float) -> str:

@@ -55,6 +55,22 @@ MODEL_SPEC: dict[str, Any] = {
     "initializer_range": 0.1,
     "tie_word_embeddings": False,
 }
+# engine='vllm': the default model's per-layer shape (Qwen3-30B-A3B: 128 experts, top-8, hidden
+# 2048, MoE intermediate 768, head_dim 128, 32 query / 4 KV heads), random weights in bf16; the
+# layer count is a parameter (few by default: the all-to-all per layer is what is measured, not
+# the depth). Same tokenizer and corpus as the tiny model.
+VLLM_SPEC: dict[str, Any] = {
+    **MODEL_SPEC,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+}
+FLAVORS = {"tiny": (MODEL_SPEC, "float32"), "vllm": (VLLM_SPEC, "bfloat16")}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -83,12 +99,31 @@ def library_versions() -> dict[str, str]:
             "tokenizers": tokenizers.__version__}
 
 
-def build_identity(seed: int) -> dict[str, Any]:
-    """Everything that decides the built bytes."""
-    return {"builder_version": BUILDER_VERSION, "seed": int(seed), "model": MODEL_SPEC,
-            "special_tokens": SPECIAL_TOKENS, "eos_token": EOS_TOKEN,
-            "chat_template": CHAT_TEMPLATE, "corpus_sha256": corpus_digest(seed),
-            "libraries": library_versions()}
+def model_spec(flavor: str = "tiny", layers: int | None = None) -> dict[str, Any]:
+    """The config of `flavor` ('tiny' for transformers serve, 'vllm'), `layers` decoder layers
+    (None: the flavor's own, 2)."""
+    if flavor not in FLAVORS:
+        raise ValueError(f"flavor {flavor!r} is not one of {', '.join(FLAVORS)}")
+    spec = dict(FLAVORS[flavor][0])
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ValueError(f"layers {layers!r} is not an integer >= 1")
+        spec["num_hidden_layers"] = layers
+    return spec
+
+
+def build_identity(seed: int, flavor: str = "tiny", layers: int | None = None) -> dict[str, Any]:
+    """Everything that decides the built bytes. The tiny flavor's identity carries no flavor key,
+    so its cache entries made before the vLLM flavor existed keep their hash."""
+    identity = {"builder_version": BUILDER_VERSION, "seed": int(seed),
+                "model": model_spec(flavor, layers),
+                "special_tokens": SPECIAL_TOKENS, "eos_token": EOS_TOKEN,
+                "chat_template": CHAT_TEMPLATE, "corpus_sha256": corpus_digest(seed),
+                "libraries": library_versions()}
+    if flavor != "tiny":
+        identity["flavor"] = flavor
+        identity["dtype"] = FLAVORS[flavor][1]
+    return identity
 
 
 def corpus_digest(seed: int) -> str:
@@ -96,8 +131,9 @@ def corpus_digest(seed: int) -> str:
     return hashlib.sha256("\n".join(corpus(seed)).encode()).hexdigest()
 
 
-def config_hash(seed: int) -> str:
-    text = json.dumps(build_identity(seed), sort_keys=True, separators=(",", ":"))
+def config_hash(seed: int, flavor: str = "tiny", layers: int | None = None) -> str:
+    text = json.dumps(build_identity(seed, flavor, layers), sort_keys=True,
+                      separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -170,35 +206,40 @@ def train_tokenizer(seed: int, vocab_size: int):
     return wrapped
 
 
-def _build_into(folder: Path, seed: int) -> dict[str, Any]:
+def _build_into(folder: Path, seed: int, flavor: str = "tiny",
+                layers: int | None = None) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    tokenizer = train_tokenizer(seed, MODEL_SPEC["vocab_size"])
+    spec, dtype = model_spec(flavor, layers), FLAVORS[flavor][1]
+    tokenizer = train_tokenizer(seed, spec["vocab_size"])
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen3MoeConfig(**MODEL_SPEC, eos_token_id=eos_id, pad_token_id=pad_id,
-                            bos_token_id=None, dtype="float32")
+    config = Qwen3MoeConfig(**spec, eos_token_id=eos_id, pad_token_id=pad_id,
+                            bos_token_id=None, dtype=dtype)
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).to(torch.float32).eval()
+    # weights drawn in float32 from the seed, then cast: the draw is the same for every dtype
+    model = Qwen3MoeForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.generation_config = GenerationConfig(
         eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False, max_new_tokens=64)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     parameters = sum(p.numel() for p in model.parameters())
-    return {"parameters": int(parameters), "num_experts": MODEL_SPEC["num_experts"],
-            "num_experts_per_tok": MODEL_SPEC["num_experts_per_tok"],
-            "vocab_size": MODEL_SPEC["vocab_size"], "eos_token_id": eos_id}
+    return {"parameters": int(parameters), "num_experts": spec["num_experts"],
+            "num_experts_per_tok": spec["num_experts_per_tok"],
+            "vocab_size": spec["vocab_size"], "eos_token_id": eos_id,
+            "num_hidden_layers": spec["num_hidden_layers"], "flavor": flavor, "dtype": dtype}
 
 
-def build(seed: int, out: Path | str | None = None) -> dict[str, Any]:
+def build(seed: int, out: Path | str | None = None, flavor: str = "tiny",
+          layers: int | None = None) -> dict[str, Any]:
     """Build (or find in the cache) the model for `seed`; returns its description."""
     root = Path(out) if out else DEFAULT_CACHE
     root = root.resolve()
-    digest = config_hash(seed)
+    digest = config_hash(seed, flavor, layers)
     target = root / digest
     started = time.monotonic()
     built = False
@@ -207,8 +248,9 @@ def build(seed: int, out: Path | str | None = None) -> dict[str, Any]:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-", dir=root))
         os.chmod(tmp, 0o755)
         try:
-            shape = _build_into(tmp, seed)
-            record = {"config_hash": digest, "identity": build_identity(seed), **shape}
+            shape = _build_into(tmp, seed, flavor, layers)
+            record = {"config_hash": digest, "identity": build_identity(seed, flavor, layers),
+                      **shape}
             (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             try:
                 os.rename(tmp, target)  # atomic; fails when another build won the race
@@ -224,7 +266,9 @@ def build(seed: int, out: Path | str | None = None) -> dict[str, Any]:
             "build_s": round(time.monotonic() - started, 3), "seed": int(seed),
             "parameters": record["parameters"], "num_experts": record["num_experts"],
             "num_experts_per_tok": record["num_experts_per_tok"],
-            "vocab_size": record["vocab_size"]}
+            "vocab_size": record["vocab_size"],
+            **({"flavor": flavor, "num_hidden_layers": record["num_hidden_layers"]}
+               if flavor != "tiny" else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,14 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, required=True, help="seed of the weights and tokenizer")
     b.add_argument("--out", help=f"cache root; the model goes to OUT/<config-hash>/ "
                                  f"(default {DEFAULT_CACHE})")
+    b.add_argument("--flavor", choices=sorted(FLAVORS), default="tiny",
+                   help="tiny (transformers serve on CPU) or vllm (the default model's "
+                        "per-layer shape, bf16)")
+    b.add_argument("--layers", type=int, default=None, help="decoder layers (default 2)")
     b.add_argument("--hash-only", action="store_true", help="print the config hash, build nothing")
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error("--seed must be >= 0")
+    if args.layers is not None and args.layers < 1:
+        parser.error("--layers must be >= 1")
     if args.hash_only:
-        print(json.dumps({"config_hash": config_hash(args.seed)}))
+        print(json.dumps({"config_hash": config_hash(args.seed, args.flavor, args.layers)}))
         return 0
-    print(json.dumps(build(args.seed, args.out), sort_keys=True))
+    print(json.dumps(build(args.seed, args.out, args.flavor, args.layers), sort_keys=True))
     return 0
 
 

@@ -12,6 +12,13 @@ from typing import Any, Callable
 
 CONTEXTS = ("local", "plan", "kube")
 ENGINES = ("transformers", "vllm")
+# vLLM 0.24.0's --all2all-backend values that serve as asked (lib.vllm_args.BACKENDS, which
+# proves the two equal; 'naive' and 'pplx' are removed there and refused).
+ALL2ALL_BACKENDS = (
+    "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
+    "mori_low_latency", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
+    "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided",
+)
 STAGES = (
     "00_cluster", "01_public_roots", "02_image", "03_kernel_test", "04_serve", "05_sweep",
     "06_multicomm",
@@ -35,7 +42,11 @@ class Param:
     defaults: dict[str, Any]  # per context; key "*" for every context
     help: str
 
-    def default(self, context: str) -> Any:
+    def default(self, context: str, engine: str = "") -> Any:
+        """The default for `context`; a key "<context>:<engine>" wins for that engine (the vLLM
+        serve on two GPUs sweeps the cluster's concurrency levels, not the CPU's)."""
+        if engine and f"{context}:{engine}" in self.defaults:
+            return self.defaults[f"{context}:{engine}"]
         return self.defaults.get(context, self.defaults.get("*"))
 
 
@@ -124,39 +135,53 @@ _PARAMS = [
     Param("engine", "one of " + ", ".join(ENGINES) + " ('' picks by hardware)",
           lambda v: "" if v == "" else _one_of(ENGINES)(v), {"*": ""}, "serving engine"),
     Param("server_timeout_s", "a number of seconds > 0", _float_above(0),
-          {"local": 180.0, "*": 1800.0}, "how long to wait for the server to be ready"),
+          {"local": 180.0, "local:vllm": 900.0, "*": 1800.0},
+          "how long to wait for the server to be ready"),
+    Param("model_layers", "an integer >= 1", _int_at_least(1), {"*": 2},
+          "decoder layers of the seeded model (both engines; the per-layer shape is the engine's)"),
+    Param("all2all_backend", "one of " + ", ".join(ALL2ALL_BACKENDS), _one_of(ALL2ALL_BACKENDS),
+          {"local": "allgather_reducescatter", "*": "deepep_v2"},
+          "vLLM's --all2all-backend (engine vllm; deepep_* needs DeepEP built here)"),
     # 05 sweep
     Param("concurrency", "a list of integers >= 1, e.g. '1,2,4'", _int_list,
-          {"local": [1, 2, 4], "plan": [4, 8, 32], "kube": [4, 8, 32]}, "concurrency levels"),
-    Param("request_count", "an integer >= 1", _int_at_least(1), {"local": 16, "*": 128},
+          {"local": [1, 2, 4], "local:vllm": [4, 8, 32], "plan": [4, 8, 32], "kube": [4, 8, 32]},
+          "concurrency levels"),
+    Param("request_count", "an integer >= 1", _int_at_least(1),
+          {"local": 16, "local:vllm": 48, "*": 128},
           "measured requests per cell"),
-    Param("warmup_requests", "an integer >= 0", _int_at_least(0), {"local": 2, "*": 16},
+    Param("warmup_requests", "an integer >= 0", _int_at_least(0),
+          {"local": 2, "local:vllm": 8, "*": 16},
           "unmeasured warmup requests per cell"),
     Param("repeats", "an integer >= 1", _int_at_least(1), {"*": 3}, "repeats per cell"),
-    Param("input_tokens", "an integer >= 1", _int_at_least(1), {"local": 64, "*": 120},
+    Param("input_tokens", "an integer >= 1", _int_at_least(1),
+          {"local": 64, "local:vllm": 120, "*": 120},
           "synthetic input tokens (mean)"),
-    Param("output_tokens", "an integer >= 1", _int_at_least(1), {"local": 16, "*": 128},
+    Param("output_tokens", "an integer >= 1", _int_at_least(1),
+          {"local": 16, "local:vllm": 128, "*": 128},
           "output tokens per request"),
     # 06 multicomm
     Param("arm_a_comms", "an integer >= 1", _int_at_least(1), {"*": 1}, "arm A communicators"),
     Param("arm_b_comms", "an integer >= 1", _int_at_least(1), {"*": 8}, "arm B communicators"),
-    Param("ab_repeats", "an integer >= 2", _int_at_least(2), {"local": 5, "*": 5},
+    Param("ab_repeats", "an integer >= 2", _int_at_least(2),
+          {"local": 5, "local:vllm": 3, "*": 5},
           "repeats per arm, interleaved"),
 ]
 PARAMS = {p.name: p for p in _PARAMS}
 
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
           "namespace")
+SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend")
+TRAFFIC = ("concurrency", "request_count", "warmup_requests", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "00_cluster": COMMON,
     "01_public_roots": COMMON,
     "02_image": COMMON,
     "03_kernel_test": COMMON + KERNEL,
-    "04_serve": COMMON + ("engine", "server_timeout_s"),
-    "05_sweep": COMMON + ("engine", "server_timeout_s", "concurrency", "request_count",
-                          "warmup_requests", "repeats", "input_tokens", "output_tokens"),
-    "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats"),
+    "04_serve": COMMON + SERVE,
+    "05_sweep": COMMON + SERVE + TRAFFIC + ("repeats",),
+    "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats") + SERVE
+                    + TRAFFIC,
 }
 
 
@@ -172,11 +197,12 @@ def resolve(stage: str, given: dict[str, Any]) -> dict[str, Any]:
     context = given.get("context")
     context = PARAMS["context"].default("") if context is None else context
     _checked(PARAMS["context"], context)
+    engine = given.get("engine") or ""
     resolved: dict[str, Any] = {}
     for name in names:
         value = given.get(name)
         if value is None:
-            value = PARAMS[name].default(context)
+            value = PARAMS[name].default(context, engine)
         resolved[name] = None if value is None else _checked(PARAMS[name], value)
     _check_together(resolved)
     return resolved

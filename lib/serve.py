@@ -42,11 +42,6 @@ CHAT_TIMEOUT_S = 120.0
 PROGRESS_EVERY_S = 15.0
 LOG_TAIL_LINES = 25
 MODEL_BUILD_TIMEOUT_S = 900
-VLLM_NEEDS = "engine 'vllm' needs a machine with 2+ GPUs and vllm importable"
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine asked for cannot run on this machine (the message says what is missing)."""
 
 
 # ---- host facts ------------------------------------------------------------------------------
@@ -83,34 +78,28 @@ def pinned(argv: list[str], cores: str | None) -> list[str]:
 
 # ---- engines and the model ---------------------------------------------------------------------
 def resolve_engine(stage) -> str:
-    """'' and 'transformers' serve with transformers; 'vllm' needs 2+ GPUs and vllm here."""
-    engine = stage["engine"] or "transformers"
-    if engine != "vllm":
-        return engine
-    door = stage.door
-    gpus = 0
-    if door.which("nvidia-smi"):
-        listing = door.run(["nvidia-smi", "-L"], timeout=60, check=False)
-        gpus = sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
-    probe = door.run([sys.executable, "-c", "import vllm"], timeout=300, check=False)
-    if gpus < 2 or not probe.ok:
-        raise EngineUnavailable(
-            f"{VLLM_NEEDS}: this machine has {gpus} GPU(s) and `import vllm` "
-            f"{'works' if probe.ok else 'fails'}; use engine='transformers' (or '') here")
-    raise EngineUnavailable(
-        "engine 'vllm' on the local context (vLLM with expert parallelism on this machine's "
-        "GPUs) is not built into lib.serve yet; use engine='transformers' for now")
+    """The engine this stage serves with: lib.stage.open_stage already turned '' into the
+    machine's pick ('vllm' with 2+ GPUs and vllm importable, else 'transformers') and refused an
+    explicit 'vllm' where it cannot run."""
+    return stage["engine"] or "transformers"
 
 
-def build_model(stage) -> tuple[dict[str, Any] | None, Gate]:
+def model_flavor(engine: str) -> str:
+    """lib.models' flavor per engine: the tiny CPU model, or the default model's layer shape."""
+    return "vllm" if engine == "vllm" else "tiny"
+
+
+def build_model(stage, engine: str = "transformers") -> tuple[dict[str, Any] | None, Gate]:
     """`python -m lib.models build` through the door (recorded; a replay never builds).
 
     Returns (its JSON with model_dir as a path on this machine, or None when it failed; the gate
     `model built from its seed`)."""
     name = "model built from its seed"
-    call = stage.door.run([sys.executable, "-m", "lib.models", "build", "--seed",
-                           str(stage["seed"])], cwd=REPO_ROOT, timeout=MODEL_BUILD_TIMEOUT_S,
-                          check=False)
+    argv = [sys.executable, "-m", "lib.models", "build", "--seed", str(stage["seed"]),
+            "--layers", str(stage["model_layers"])]
+    if model_flavor(engine) != "tiny":
+        argv += ["--flavor", model_flavor(engine)]
+    call = stage.door.run(argv, cwd=REPO_ROOT, timeout=MODEL_BUILD_TIMEOUT_S, check=False)
     streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
                f"calls/{stage.name}/{call.seq:04d}.stderr"]
     lines = call.stdout.strip().splitlines()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -41,11 +41,18 @@ from lib.serve import (POLL_INTERVAL_S, Server, poll_until_ready,
 from lib.vllm_args import vllm_serve
 
 LOG_NAME = "vllm.log"
+# The interpreter that runs vLLM's CLI module (a test points it at a double of vLLM).
+PYTHON = sys.executable
+# Each server takes this share of each GPU's memory: small enough that the A/B arms of
+# 06_multicomm can be served side by side (3 x 0.25), ample for the seeded model's KV cache.
+GPU_MEMORY_UTILIZATION = 0.25
+MAX_MODEL_LEN = 2048
 TRANSPORT = "intranode_nvlink"  # one machine: NVLink, GIN off (lib.transport)
 READY_PATH = "/health"  # vLLM 0.24.0's route (its log lists "Route: /health, Methods: GET")
 STARTUP_LINE = "Application startup complete."
 BACKEND_GATES = ("vllm_all2all_manager", "vllm_ep_split", "vllm_prepare_finalize",
                  "vllm_api_servers_ready", "vllm_no_fallback_no_legacy_buffer")
+EP_OFF_GATES = ("vllm_expert_parallel_off", "vllm_api_servers_ready")
 
 
 @dataclass
@@ -62,6 +69,19 @@ class VllmServer(Server):
         """Every backend gate passed: only then is a measurement one of `backend`."""
         return bool(self.backend_gates) and all(g["status"] == "PASS"
                                                 for g in self.backend_gates)
+
+
+def mode_gates_of(text: str, *, backend: str, gpus: int, num_experts: int | None,
+                  expert_parallel: bool, enforce_eager: bool, log_name: str) -> list[dict]:
+    """What vLLM's log proves about the serve asked for: the all-to-all backend and EP split (or
+    their absence without EP), every API server, and eager vs CUDA graphs."""
+    if expert_parallel:
+        gates = vllm_logs.assert_backend(text, backend, dp_size=gpus, num_experts=num_experts,
+                                         log_name=log_name)
+    else:
+        gates = [vllm_logs.expert_parallel_off_gate(text, log_name=log_name),
+                 vllm_logs.api_servers_gate(text, gpus, log_name=log_name)]
+    return gates + [vllm_logs.compile_mode_gate(text, enforce_eager, log_name=log_name)]
 
 
 def _startup_lines(text: str | None) -> int:
@@ -93,15 +113,21 @@ def read_settled_log(stage, server: VllmServer, started: float, timeout_s: float
 def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 backend: str = "allgather_reducescatter", num_experts: int | None,
                 enforce_eager: bool = True, timeout_s: float | None = None,
-                port: int | None = None, python: str = sys.executable,
-                nccl_site: str | Path | None = None, max_model_len: int | None = None,
-                gpu_memory_utilization: float | None = None, ep_num_comms: int = 1,
+                port: int | None = None, python: str | None = None,
+                nccl_site: str | Path | None = None, max_model_len: int | None = MAX_MODEL_LEN,
+                gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+                ep_num_comms: int = 1,
+                expert_parallel: bool = True, gate_prefix: str = "",
                 log_name: str = LOG_NAME) -> Iterator[VllmServer]:
     """Serve model_dir with vLLM on this machine's `gpus` GPUs for the duration of the block.
 
-    Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (SKIP when not
-    ready), `server stopped`. Yields the server even when it is not ready (server.ready False).
-    ``nccl_site``: the site-packages holding NCCL 2.30.4 (the intranode transport preloads it).
+    Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (with
+    ``expert_parallel=False`` instead: no EP split and no all-to-all manager logged) and the
+    compile-mode gate (eager or CUDA graphs, as asked), all SKIP when not ready; NCCL's per-rank
+    init (a per-rank source beside the rank-0-only lines); `server stopped`. ``gate_prefix``
+    names the gates of one server among several ("graphs+EP: server ready"). Yields the server
+    even when it is not ready (server.ready False). ``nccl_site``: the site-packages holding NCCL
+    2.30.4 (the intranode transport preloads it for DeepEP).
     """
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 2:
         raise ParameterError("gpus", gpus, "an integer >= 2 (expert parallelism over this "
@@ -115,18 +141,25 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                            max_model_len=max_model_len,
                            gpu_memory_utilization=gpu_memory_utilization,
                            ep_num_comms=ep_num_comms, transport=TRANSPORT, nccl_site=nccl_site,
-                           num_experts=num_experts, python=python)
+                           num_experts=num_experts, python=python or PYTHON,
+                           expert_parallel=expert_parallel)
     log_path = stage.path(log_name)
     server = VllmServer(str(model_dir), port, log_path, device="cuda", backend=backend,
                         gpus=gpus, argv=argv, env=env)
 
     def add(g: Gate | dict | None) -> None:
         if g is not None:
-            server.gates.append(g if isinstance(g, Gate) else Gate(**g))
+            g = g if isinstance(g, Gate) else Gate(**g)
+            if gate_prefix:
+                g = replace(g, gate=f"{gate_prefix}: {g.gate}")
+            server.gates.append(g)
             stage.add(g)
 
+    mode_gates = ((BACKEND_GATES if expert_parallel else EP_OFF_GATES)
+                  + ("vllm_compile_mode", "nccl_init_per_rank"))
+
     def skip_backend(reason: str) -> None:
-        for name in BACKEND_GATES:
+        for name in mode_gates:
             add(skip(name, reason))
 
     def backstop() -> None:
@@ -150,15 +183,20 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
         if server.ready:
             text = read_settled_log(stage, server, started, timeout_s)
             server.startup_s = vllm_logs.startup_seconds(text)
-            server.backend_gates = vllm_logs.assert_backend(
-                text, backend, dp_size=gpus, num_experts=num_experts,
-                log_name=stage.rel(log_path))
+            server.backend_gates = mode_gates_of(text, backend=backend, gpus=gpus,
+                                                 num_experts=num_experts,
+                                                 expert_parallel=expert_parallel,
+                                                 enforce_eager=enforce_eager,
+                                                 log_name=stage.rel(log_path))
             for g in server.backend_gates:
                 add(g)
+            add(vllm_logs.per_rank_nccl(text, gpus, log_name=stage.rel(log_path)))
             failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
-            print(f"backend {backend}: " + (f"NOT as requested ({', '.join(failed)})"
-                                            if failed else "as requested (all gates PASS)"),
-                  flush=True)
+            asked = (f"backend {backend}" if expert_parallel else "no expert parallelism")
+            print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "
+                  f"{'eager' if enforce_eager else 'CUDA graphs'}: "
+                  + (f"NOT as requested ({', '.join(failed)})" if failed
+                     else "as requested (all gates PASS)"), flush=True)
         else:
             skip_backend("vLLM never became ready (see the gate 'server ready' and its log "
                          "tail): no backend to assert")

@@ -133,6 +133,11 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     replay_of = os.environ.get(REPLAY_ENV)
     if not replay_of:  # a replay's recorded run already proves what its machine could do
         check_engine_here(resolved)
+    if "engine" in resolved and not resolved["engine"]:
+        # '' picks by hardware; the engine then decides the defaults (lib.params "local:vllm")
+        engine = (recorded_engine(_resolve_path(replay_of), name) if replay_of
+                  else engine_for_this_machine())
+        resolved = params_mod.resolve(name, {**given, "engine": engine})
     if replay_of:
         stage = _open_replay(name, resolved, _resolve_path(replay_of))
     else:
@@ -142,21 +147,45 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     return stage
 
 
+def vllm_here() -> tuple[int, bool]:
+    """(CUDA GPUs torch sees, whether vllm is importable), without importing vllm."""
+    import importlib.util
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if not has_vllm:  # no need to start CUDA (or import torch) to know the answer
+        return 0, False
+    try:
+        import torch
+
+        return torch.cuda.device_count(), True
+    except ImportError:
+        return 0, True
+
+
+def engine_for_this_machine() -> str:
+    """engine='' : 'vllm' where vllm imports and 2+ GPUs are present, else 'transformers'."""
+    gpus, has_vllm = vllm_here()
+    return "vllm" if has_vllm and gpus >= 2 else "transformers"
+
+
+def recorded_engine(recorded: Path, name: str) -> str:
+    """The engine a recorded stage resolved ('' picks by hardware; a replay takes the
+    recorded machine's pick). Runs recorded before the vLLM engine existed served with
+    transformers."""
+    try:
+        recorded_params = evidence.read_json(recorded / name / "params.json")
+    except (OSError, ValueError):
+        return "transformers"
+    return recorded_params.get("engine") or "transformers"
+
+
 def check_engine_here(resolved: dict[str, Any]) -> None:
     """engine='vllm' needs 2+ GPUs and vllm importable: refused in the first cell otherwise.
 
     Read before the run is opened, so nothing is recorded for a refused engine."""
     if resolved.get("engine") != "vllm":
         return
-    import importlib.util
-
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        gpus = 0
+    gpus, has_vllm = vllm_here()
     if gpus < 2 or not has_vllm:
         raise params_mod.ParameterError(
             "engine", "vllm", f"'transformers' (or '') on this machine: engine 'vllm' needs 2 or "
@@ -206,17 +235,24 @@ def _open_replay(name: str, resolved: dict[str, Any], recorded: Path) -> Stage:
         _shadows[recorded] = shadow
         atexit.register(shutil.rmtree, shadow.parent, True)
     recorded_params = evidence.read_json(recorded / name / "params.json")
+    added_since = {}
     for key, value in resolved.items():
         if key in ("run_id",) and value in ("", recorded.name):
             continue
         if key == "results_dir":
+            continue
+        if key not in recorded_params and (key == "engine" or value == params_mod.PARAMS[
+                key].default(resolved["context"], resolved.get("engine") or "")):
+            # A parameter added to the stage after this run was recorded: the run used what the
+            # parameter's default now names (the engine: recorded_engine's 'transformers').
+            added_since[key] = value
             continue
         if recorded_params.get(key) != json.loads(json.dumps(value)):
             raise ReplayMismatch(
                 f"replay: parameter {key!r} = {value!r} but the recorded run used "
                 f"{recorded_params.get(key)!r}")
     door = Door(shadow, name, replay=True)
-    return Stage(name, recorded_params, shadow, door, recorded)
+    return Stage(name, {**added_since, **recorded_params}, shadow, door, recorded)
 
 
 def new_run_id(root: Path, context: str) -> str:

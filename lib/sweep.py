@@ -117,6 +117,8 @@ class CellRun:
     output_tail: str
     streams: list[str]
     rss_bytes: int | None
+    # vLLM: (before, after) of scrape_metrics, each {"file": ..., "generation_tokens": ...}
+    metrics: tuple | None = None
 
 
 _BOX = str.maketrans({c: " " for c in "│╭╮╰╯─┃━┏┓┗┛"})
@@ -132,9 +134,11 @@ def _tail(text: str, lines: int = 6) -> str:
     return "\n".join(kept[-lines:])
 
 
-def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path) -> CellRun:
+def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
+             arm: str | None = None) -> CellRun:
+    """One AIPerf run; its artifacts under the arm's name (default: the engine's)."""
     p = stage.params
-    out = cell_dir(stage, cell, engine)
+    out = cell_dir(stage, cell, arm or engine)
     argv = aiperf_argv(
         engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
         request_count=p["request_count"], warmup_requests=p["warmup_requests"],
@@ -365,3 +369,62 @@ def figure_png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
+
+
+# ---- vLLM's own counters around each cell -----------------------------------------------------
+GENERATION_TOKENS = "vllm:generation_tokens_total"  # per engine (DP rank) in vLLM 0.24.0
+METRICS_TIMEOUT_S = 30.0
+
+
+def metric_total(text: str, name: str) -> float | None:
+    """Sum of every sample of counter `name` in Prometheus text (all label sets, e.g. one per DP
+    engine); None when the metric is absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric = head.split("{", 1)[0].strip()
+        if metric != name:
+            continue
+        try:
+            total += float(value)
+            seen = True
+        except ValueError:
+            continue
+    return total if seen else None
+
+
+def scrape_metrics(stage, server: Server, cell: Cell, when: str) -> dict:
+    """GET /metrics through the door, kept as metrics/repeat_<r>/c<C>.<when>.prom."""
+    answer = stage.door.http("GET", server.url + "/metrics", timeout=METRICS_TIMEOUT_S)
+    name = f"metrics/repeat_{cell.repeat}/c{cell.concurrency}.{when}.prom"
+    saved = stage.write_text(name, answer.body or "") if answer.status == 200 else None
+    return {"file": saved, "status": answer.status,
+            "generation_tokens": metric_total(answer.body or "", GENERATION_TOKENS)
+            if answer.status == 200 else None}
+
+
+def token_count_gates(runs: list[CellRun], request_count: int, output_tokens: int,
+                      arm: str) -> list[Gate]:
+    """Per cell: vLLM's generation_tokens_total grew by at least request_count x output_tokens
+    (warmup requests add more; ignore_eos makes every request generate exactly output_tokens).
+    The server's own count, independent of AIPerf's parsing of the stream."""
+    gates = []
+    for r in runs:
+        name = f"{r.cell.label(arm)}: vLLM counted the generated tokens"
+        before, after = r.metrics or (None, None)
+        if not before or not after or before["generation_tokens"] is None \
+                or after["generation_tokens"] is None:
+            gates.append(gate(name, False, None, GENERATION_TOKENS,
+                              f"/metrics could not be read around the cell (HTTP "
+                              f"{(before or {}).get('status')} / {(after or {}).get('status')})",
+                              []))
+            continue
+        grew = after["generation_tokens"] - before["generation_tokens"]
+        want = request_count * output_tokens
+        gates.append(gate(name, grew >= want, int(grew), f">= {want}",
+                          f"{GENERATION_TOKENS} summed over the DP engines grew by {grew:.0f} "
+                          f"({request_count} measured requests x {output_tokens} tokens = {want}, "
+                          "plus warmup)", [before["file"], after["file"]]))
+    return gates

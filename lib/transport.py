@@ -159,7 +159,8 @@ def transport_env(name: str, *, nccl_site: str | Path | None = None,
                   plugin_path: str = DEFAULT_PLUGIN_PATH) -> dict[str, str]:
     """The variables to set for transport ``name`` ('efa' or 'intranode_nvlink').
 
-    ``intranode_nvlink`` needs ``nccl_site`` (its LD_PRELOAD is computed from it). On ``efa`` the
+    ``intranode_nvlink`` takes ``nccl_site`` (its LD_PRELOAD is computed from it; without one,
+    no preload: the serve then runs on torch's NCCL, which DeepEP cannot). On ``efa`` the
     image re-pins NCCL 2.30.4 where torch loads it, so no preload is needed; a given
     ``nccl_site`` adds the same LD_PRELOAD there too (a machine whose torch carries its own NCCL).
     ``plugin_path`` is the aws-ofi-nccl plugin (efa only).
@@ -173,8 +174,11 @@ def transport_env(name: str, *, nccl_site: str | Path | None = None,
         if nccl_site is not None:
             env["LD_PRELOAD"] = nccl_preload(nccl_site)
         return env
+    # The NCCL preload exists for DeepEP (built for 2.30.4); a serve without DeepEP
+    # (allgather_reducescatter) runs on torch's own NCCL, as measured, so no site means no preload.
+    # lib.vllm_args refuses a deepep_* backend without a site.
     return {v.name: (nccl_preload(nccl_site) if v.value == _PRELOAD else v.value)
-            for v in INTRANODE_NVLINK}
+            for v in INTRANODE_NVLINK if v.value != _PRELOAD or nccl_site}
 
 
 def unset_vars(name: str) -> tuple[str, ...]:

@@ -96,6 +96,11 @@ def vllm_env(*, backend: str, ep_num_comms: int, transport: str,
         raise ParameterError("ep_num_comms", ep_num_comms, f"an integer in 1..{MAX_EP_NUM_COMMS}")
     if transport not in TRANSPORTS:
         raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
+    if transport == "intranode_nvlink" and backend.startswith("deepep") and not nccl_site:
+        raise ParameterError("nccl_site", nccl_site,
+                             f"a site-packages directory holding nvidia-nccl-cu13 2.30.4: the "
+                             f"{backend} backend runs DeepEP, built for it, which segfaults on "
+                             "torch's own NCCL unless 2.30.4 is preloaded")
     env = {
         # DeepGEMM kernels off: the public runs served with triton MoE (ANCHORS 1.4), and the
         # H200 machine has no deep_gemm.
@@ -133,7 +138,7 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
                ep_num_comms: int = 1, transport: str = "efa", nccl_site: str | Path | None = None,
                extra_env: Mapping[str, str] | None = None, num_experts: int | None = None,
                python: str | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
-               ) -> tuple[list[str], dict[str, str]]:
+               expert_parallel: bool = True) -> tuple[list[str], dict[str, str]]:
     """argv and env (variables to set) for one vLLM serve process.
 
     The variables to unset are ``lib.transport.unset_vars(transport)``; ``apply_transport``
@@ -167,6 +172,12 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
                              "a fraction in (0, 1]")
     if not isinstance(enforce_eager, bool):
         raise ParameterError("enforce_eager", enforce_eager, "True or False")
+    if not isinstance(expert_parallel, bool):
+        raise ParameterError("expert_parallel", expert_parallel, "True or False")
+    if not expert_parallel and role != "local":
+        raise ParameterError("expert_parallel", expert_parallel,
+                             "True on a cluster (the guide serves TP1 x DP = EP there); False only "
+                             "on role 'local', the A/B arm without expert parallelism")
 
     nodes = dp_size // dp_size_local
     if role == "local":
@@ -202,13 +213,15 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
     argv = program + [model]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
+    # Without EP (the local A/B arm) every DP rank holds every expert and no all-to-all runs,
+    # so --all2all-backend would name nothing: it is left out.
+    argv += ["--enable-expert-parallel"] if expert_parallel else []
     argv += [
-        "--enable-expert-parallel",
         "--tensor-parallel-size", "1",
         "--data-parallel-size", str(dp_size),
         "--data-parallel-size-local", str(dp_size_local),
-        "--all2all-backend", backend,
     ]
+    argv += ["--all2all-backend", backend] if expert_parallel else []
     if enforce_eager:
         argv.append("--enforce-eager")
     if max_model_len is not None:

@@ -486,3 +486,60 @@ def startup_seconds(log_text: str) -> float | None:
     if last_before_ready < first:  # the year turned over during startup (Dec 31 -> Jan 1)
         last_before_ready = last_before_ready.replace(year=2001)
     return (last_before_ready - first).total_seconds()
+
+
+# --- the serve's mode: eager or CUDA graphs, expert parallelism on or off ----------------------
+# vLLM 0.24.0, every process: "Enforce eager set, disabling torch.compile and CUDAGraphs. ..."
+# (../shared/fixtures/vllm-0.24.0-2xh200/vllm-allgather_reducescatter.log, line 16). Without
+# --enforce-eager each worker captures graphs and logs "Graph capturing finished in N secs, took
+# X GiB" (vllm/v1/worker/gpu_model_runner.py at 0.24.0; no recorded log holds it yet).
+_EAGER_RE = re.compile(r"Enforce eager set, disabling torch\.compile and CUDAGraphs")
+_GRAPHS_RE = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
+
+
+def compile_mode_gate(log_text: str, enforce_eager: bool, *, log_name: str = "log") -> dict:
+    """Gate: the serve ran in the mode asked for (eager, or CUDA graphs captured)."""
+    name = "vllm_compile_mode"
+    lines = _lines(log_text)
+    eager = _find(lines, _EAGER_RE)
+    graphs = _find(lines, _GRAPHS_RE)
+    observed = {"enforce_eager_lines": len(eager), "graph_capture_lines": len(graphs)}
+    if enforce_eager:
+        expected = {"enforce_eager_lines": ">= 1", "graph_capture_lines": 0}
+        ok = bool(eager) and not graphs
+        why = ("eager, as asked: vLLM logged 'Enforce eager set' and captured no CUDA graph"
+               if ok else "asked for eager, but " + ("graphs were captured" if graphs else
+                                                     "no 'Enforce eager set' line"))
+        return gate(name, ok, observed, expected, why,
+                    [_quote(log_name, i, l) for i, l, _ in (eager + graphs)[:4]]).as_dict()
+    expected = {"enforce_eager_lines": 0, "graph_capture_lines": ">= 1"}
+    ok = bool(graphs) and not eager
+    seconds = [int(m.group(1)) for _, _, m in graphs]
+    why = (f"CUDA graphs, as asked: {len(graphs)} 'Graph capturing finished' line(s) "
+           f"({', '.join(f'{s} s' for s in seconds)})" if ok else
+           "asked for CUDA graphs, but " + ("vLLM logged 'Enforce eager set'" if eager else
+                                           "no 'Graph capturing finished' line"))
+    return gate(name, ok, observed, expected, why,
+                [_quote(log_name, i, l) for i, l, _ in (graphs + eager)[:4]]).as_dict()
+
+
+def expert_parallel_off_gate(log_text: str, *, log_name: str = "log") -> dict:
+    """Gate for a serve WITHOUT --enable-expert-parallel: no EP split logged, no all-to-all
+    manager built (every rank holds every expert; the MoE needs no all-to-all)."""
+    name = "vllm_expert_parallel_off"
+    lines = _lines(log_text)
+    ep = _find(lines, _EP_RE)
+    managers = [(i, l) for i, l in enumerate(lines, 1) if "all2all manager" in l]
+    observed = {"ep_split_lines": len(ep), "all2all_manager_lines": len(managers)}
+    ok = not ep and not managers
+    evidence = ([_quote(log_name, i, l) for i, l, _ in ep[:2]]
+                + [_quote(log_name, i, l) for i, l in managers[:2]])
+    return gate(name, ok, observed, {"ep_split_lines": 0, "all2all_manager_lines": 0},
+                "no EP split and no all-to-all manager logged: the experts are replicated on "
+                f"every rank ({RANK0_ONLY} for both lines when they exist)" if ok else
+                "expert parallelism was not asked for, yet vLLM logged it", evidence).as_dict()
+
+
+def api_servers_gate(log_text: str, expected_servers: int, *, log_name: str = "log") -> dict:
+    """Gate: one "Application startup complete." per API server (vllm serve runs DP of them)."""
+    return _gate_api_servers(_lines(log_text), expected_servers, log_name).as_dict()

@@ -18,15 +18,23 @@
 # command never imports (plotly, dash*, kaleido, choreographer, optuna, alembic, sqlalchemy,
 # mako, kopf, kubernetes_asyncio, textual, flask, itsdangerous, blinker, retrying, logistro,
 # colorlog: checked by running `aiperf profile` with those modules blocked).
+#
+# VLLM_SITE=DIR (optional): a folder holding vLLM 0.24.0 and the wheels requirements-gpu.txt
+# names, installed with `pip install --no-deps --target` (scripts/vllm-site.sh unpacks one);
+# it goes first on PYTHONPATH, so engine '' picks vLLM there (2+ GPUs). Extra arguments after
+# STAGES are passed to the runner (e.g. -p engine transformers).
 set -euo pipefail
 run_id=${1:?run id}
 wheels_nb=${2:?folder of notebook wheels}
 wheels_aiperf=${3:?folder of AIPerf wheels}
 stages=${4:-00_cluster,03_kernel_test,04_serve,05_sweep,06_multicomm}
+shift 4 || shift $#
 
 site=/tmp/guide-site
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels_nb"/*.whl
-export PYTHONPATH="$site:$PWD"
+if [[ ! -d "$site" ]]; then  # a second run on the same machine keeps the first one's install
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels_nb"/*.whl
+fi
+export PYTHONPATH="${VLLM_SITE:+$VLLM_SITE:}$site:$PWD"
 # AIPerf apart, as on the CPU machines: its own site folder, behind the same path the guide
 # calls (.venv-aiperf/bin/aiperf). No venv: python3 there is itself a venv, whose packages a
 # nested venv would not see.
@@ -41,4 +49,4 @@ PYTHONPATH=$aiperf_site exec $(command -v python3) -c 'import sys; from aiperf.c
 WRAPPER
   chmod +x .venv-aiperf/bin/aiperf
 fi
-python3 -m lib.runner run --context local --run-id "$run_id" --stages "$stages" --no-book
+python3 -m lib.runner run --context local --run-id "$run_id" --stages "$stages" --no-book "$@"

@@ -163,10 +163,13 @@ def test_cluster_contexts_skip_with_reason(tmp_path):
     assert all("not built yet" in g.reason for g in stage.gates)
 
 
-def test_vllm_engine_needs_gpus_and_vllm(tmp_path):
-    stage = make_stage(tmp_path / "run", given={"engine": "vllm"})
-    with pytest.raises(serve.EngineUnavailable, match="needs a machine with 2\\+ GPUs"):
-        serve_stage.run(stage)
+def test_engine_picked_by_hardware_here(tmp_path):
+    from lib.params import ParameterError
+    from lib.stage import check_engine_here, engine_for_this_machine
+
+    assert engine_for_this_machine() == "transformers"  # no vllm (and no GPU) here
+    with pytest.raises(ParameterError, match="'engine' = 'vllm'.*needs 2 or more GPUs"):
+        check_engine_here({"engine": "vllm"})
 
 
 def test_helpers():

@@ -33,6 +33,16 @@ ALLGATHER_LOG = FIXTURES / "vllm-allgather_reducescatter-run2.log"
 NUM_EXPERTS = 64  # the served model of those logs: 64 experts, 32/64 per rank on 2 GPUs
 TIMEOUT_S = 20.0
 
+# Two ranks' "Init COMPLETE" lines in NCCL's own format (quoted from a public log:
+# tests/test_vllm_logs.py TWO_RANKS_COMPLETE); the double prints them when NCCL_DEBUG=INFO, as
+# each vLLM worker does (the recorded logs ran without it).
+NCCL_INIT_LINES = [
+    "node0:23441:23666 [1] NCCL INFO ncclCommInitRank comm 0x55d761db2df0 rank 1 nranks 2 "
+    "cudaDev 1 nvmlDev 1 busId 16000 commId 0xb3609cbb6ba7a88a - Init COMPLETE",
+    "node0:23440:23664 [0] NCCL INFO ncclCommInitRank comm 0x563d5b2b3360 rank 0 nranks 2 "
+    "cudaDev 0 nvmlDev 0 busId 10000 commId 0xb3609cbb6ba7a88a - Init COMPLETE",
+]
+
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent")
 
 DOUBLE = r'''#!{python}
@@ -41,6 +51,7 @@ import json, re, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
+NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
 def out(line):
@@ -58,6 +69,32 @@ with open(RECORD, "w") as fh:
                ("VLLM_USE_FLASHINFER_SAMPLER", "EP_DISABLE_GIN", "NCCL_NVLS_ENABLE")}}}}, fh)
 
 lines = open(LOG, encoding="utf-8").read().splitlines()
+# The EP split line carries the served model's expert count (the recorded run served 64)
+try:
+    config = json.load(open(os.path.join(model, "config.json")))
+    experts = config.get("num_experts", config.get("num_local_experts"))
+    dp = int(args[args.index("--data-parallel-size") + 1])
+    lines = [re.sub(r"Local/global number of experts: \d+/\d+",
+                    f"Local/global number of experts: {{experts // dp}}/{{experts}}", l)
+             for l in lines]
+except (OSError, ValueError, KeyError):
+    pass
+if "--enable-expert-parallel" not in args:  # the no-EP arm: vLLM logs no EP split or manager
+    lines = [l for l in lines if "Expert parallelism is enabled" not in l
+             and "all2all manager" not in l]
+if "--enforce-eager" not in args and MODE != "eager-only":
+    # A serve with CUDA graphs: no "Enforce eager set" line; each worker logs its capture in
+    # vLLM 0.24.0's own format string (gpu_model_runner.py: "Graph capturing finished in %.0f
+    # secs, took %.2f GiB"); no recorded log of such a serve exists yet.
+    lines = [l for l in lines if "Enforce eager set" not in l]
+    at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
+    lines[at:at] = [f"(Worker_DP{{r}}_EP{{r}} pid={{4000 + r}}) INFO 11-30 09:42:50 "
+                    "[gpu_model_runner.py:6657] Graph capturing finished in 5 secs, took 0.31 GiB"
+                    for r in range(2)]
+GENERATED = [0] * 2  # vllm:generation_tokens_total per engine
+if os.environ.get("NCCL_DEBUG") == "INFO":  # each rank's init line, NCCL's own format
+    at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
+    lines[at:at] = NCCL_LINES
 ready_at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
 access = [i for i, l in enumerate(lines) if re.search(r'" \d{{3}} ', l) and "HTTP/1.1" in l]
 shutdown_from = (max(access) if access else ready_at) + 1
@@ -89,6 +126,19 @@ class Handler(BaseHTTPRequestHandler):
             f'{{status}} {{"OK" if status == 200 else "Not Found"}}')
 
     def do_GET(self):
+        if self.path == "/metrics":  # Prometheus text, as vLLM 0.24.0 labels it per engine
+            text = "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+            text += "# TYPE vllm:generation_tokens_total counter\n"
+            for e, n in enumerate(GENERATED):
+                text += (f'vllm:generation_tokens_total{{{{engine="{{e}}",'
+                         f'model_name="{{model}}"}}}} {{float(n)}}\n')
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if self.path == "/health":
             return self.answer(200, None)  # vLLM: 200, empty body
         if self.path == "/v1/models":
@@ -101,8 +151,32 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{{}}")
         if self.path != "/v1/chat/completions":
             return self.answer(404, {{"detail": "Not Found"}})
-        n = int(body.get("max_tokens") or 16)
-        prompt = sum(len(m.get("content", "").split()) for m in body.get("messages", []))
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        GENERATED[hash(threading.current_thread().name) % 2] += n
+        if body.get("stream"):  # server-sent events, one token per chunk, usage last
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            base = {{"id": "chatcmpl-double", "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": body.get("model")}}
+            def send(obj):
+                self.wfile.write(f"data: {{json.dumps(obj)}}\n\n".encode())
+                self.wfile.flush()
+            send({{**base, "choices": [{{"index": 0, "delta": {{"role": "assistant",
+                  "content": ""}}, "finish_reason": None}}]}})
+            for _ in range(n):
+                time.sleep(0.001)
+                send({{**base, "choices": [{{"index": 0, "delta": {{"content": " tok"}},
+                      "finish_reason": None}}]}})
+            send({{**base, "choices": [{{"index": 0, "delta": {{}}, "finish_reason": "length"}}]}})
+            send({{**base, "choices": [], "usage": {{"prompt_tokens": prompt,
+                  "completion_tokens": n, "total_tokens": prompt + n}}}})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return
         self.answer(200, {{
             "id": "chatcmpl-double", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model"), "choices": [{{
@@ -132,7 +206,7 @@ def make_double(tmp_path: Path, log: Path, mode: str = "serve") -> tuple[Path, P
     path = tmp_path / "bin" / "vllm-double"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(DOUBLE.format(python=sys.executable, log=str(log), mode=mode,
-                                  record=str(record)))
+                                  record=str(record), nccl_lines=NCCL_INIT_LINES))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record
 
@@ -212,7 +286,9 @@ def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
     want_argv, want_env = vllm_serve("local", model=model, backend="deepep_v2", dp_size=2,
                                      dp_size_local=2, port=server.port, enforce_eager=True,
                                      transport="intranode_nvlink", nccl_site=site,
-                                     num_experts=NUM_EXPERTS, python=str(double))
+                                     num_experts=NUM_EXPERTS, python=str(double),
+                                     max_model_len=serve_vllm.MAX_MODEL_LEN,
+                                     gpu_memory_utilization=serve_vllm.GPU_MEMORY_UTILIZATION)
     seen = json.loads(record.read_text())
     assert seen["argv"] == want_argv == server.argv
     assert want_argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]

@@ -58,9 +58,16 @@ def test_intranode_contract_exact_and_preload_from_site():
     assert nccl_preload("/x/site-packages/") == "/x/site-packages/nvidia/nccl/lib/libnccl.so.2"
 
 
-def test_intranode_needs_the_site_dir():
-    with pytest.raises(ParameterError, match="nccl_site"):
-        transport_env("intranode_nvlink")
+def test_intranode_without_a_site_has_no_preload_and_deepep_refuses_it():
+    bare = transport_env("intranode_nvlink")
+    assert "LD_PRELOAD" not in bare
+    assert set(transport_env("intranode_nvlink", nccl_site=SITE)) - set(bare) == {"LD_PRELOAD"}
+    from lib.vllm_args import vllm_env
+    with pytest.raises(ParameterError, match="nccl_site.*2.30.4"):
+        vllm_env(backend="deepep_v2", ep_num_comms=1, transport="intranode_nvlink")
+    env = vllm_env(backend="allgather_reducescatter", ep_num_comms=1,
+                   transport="intranode_nvlink")
+    assert "LD_PRELOAD" not in env and env["EP_DISABLE_GIN"] == "1"
 
 
 def test_efa_and_intranode_differ_exactly_where_they_should():

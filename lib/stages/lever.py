@@ -3,15 +3,19 @@
 On the local context the lever is the benchmark's --num-comms K (the all-to-all striped over K
 process groups): arm A (arm_a_comms) against arm B (arm_b_comms), ab_repeats runs each, in the
 order A B, B A, A B, ... so that drift of the machine falls on both arms alike.
+
+With engine 'vllm' the stage is the serving A/B of lib.stages.serving_ab instead (eager against
+CUDA graphs, expert parallelism against none), and the EP_NUM_COMMS lever is a SKIP: it needs
+DeepEP's GIN, which is off on one machine.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from lib import stats
+from lib import serve, stats
 from lib.evidence import Gate, gate, skip
 from lib.stage import Stage
-from lib.stages import kernel
+from lib.stages import kernel, serving_ab
 
 
 def arm_order(repeats: int, a: int, b: int) -> list[tuple[int, int]]:
@@ -35,6 +39,8 @@ def run(stage: Stage) -> dict:
         stage.add(skip("EP_NUM_COMMS A/B", f"the {stage.context} context's serving A/B "
                        "(vLLM EP_NUM_COMMS 1 vs 8 on the same pods) is not built yet"))
         return {"runs": None}
+    if serve.resolve_engine(stage) == "vllm":
+        return serving_ab.run(stage)
     gpus = kernel.device_count(stage)
     a, b = p["arm_a_comms"], p["arm_b_comms"]
     rows, failures, failed_runs = [], [], 0
@@ -81,6 +87,8 @@ def _verdict(ratio: dict, a: int, b: int) -> str:
 
 
 def show(stage: Stage, data: dict):
+    if data.get("serving_ab"):
+        return serving_ab.show(stage, data)
     import matplotlib.pyplot as plt
     from IPython.display import display
     from lib.glue import glue

@@ -1,7 +1,10 @@
 """Stage 04: the MoE model is served and answers.
 
 On the local context: the seeded random-weight Qwen3-MoE (lib.models, built through the door)
-behind ``transformers serve`` (lib.serve.local_server). Gates: the model built from its seed; the
+behind ``transformers serve`` (lib.serve.local_server), or with engine 'vllm' (the default where
+vllm imports and 2+ GPUs are present) at the default model's per-layer shape behind vLLM with
+DP = the GPUs and expert parallelism on (lib.serve_vllm), whose log gates the all-to-all backend,
+the EP split, eager mode and every rank's NCCL init. Gates: the model built from its seed; the
 server ready within server_timeout_s; /v1/models lists the model; its config.json is a Mixture of
 Experts; a chat request answers 200 with content and usage; the server stopped with nothing left.
 
@@ -13,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lib import serve
+from lib import serve, serve_vllm
 from lib.evidence import skip
+from lib.hardware import cuda_device_count
 from lib.stage import Stage
 
 CLUSTER_GATES = ["server ready", "/v1/models lists the model",
@@ -30,8 +34,9 @@ def run(stage: Stage) -> dict[str, Any]:
         stage.add(*[skip(name, reason) for name in CLUSTER_GATES])
         return {"context": stage.context, "skipped": reason}
     engine = serve.resolve_engine(stage)
-    print(f"building (or finding cached) the seeded MoE model, seed {stage['seed']}", flush=True)
-    model, built = serve.build_model(stage)
+    print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
+          f"{stage['seed']}, {stage['model_layers']} layers", flush=True)
+    model, built = serve.build_model(stage, engine)
     stage.add(built)
     if model is None:
         stage.add(*serve.skip_gates(CLUSTER_GATES, "the model could not be built (see the gate "
@@ -42,6 +47,8 @@ def run(stage: Stage) -> dict[str, Any]:
     data: dict[str, Any] = {"context": stage.context, "engine": engine,
                             "model": {k: v for k, v in model.items() if k != "model_dir"},
                             "model_dir": stage.door.norm(model["model_dir"])}
+    if engine == "vllm":
+        return run_vllm(stage, model, data)
     with serve.local_server(stage, model["model_dir"],
                             timeout_s=stage["server_timeout_s"]) as server:
         data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
@@ -64,6 +71,39 @@ def run(stage: Stage) -> dict[str, Any]:
     return data
 
 
+def run_vllm(stage: Stage, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM on this machine's GPUs: DP = the GPUs, expert parallelism on, the backend asked for
+    (lib.serve_vllm; argv and env from lib.vllm_args, the cluster's builder)."""
+    gpus = cuda_device_count(stage.door)
+    backend = stage["all2all_backend"]
+    data.update(gpus=gpus, backend=backend)
+    with serve_vllm.vllm_server(stage, model["model_dir"], gpus=gpus, backend=backend,
+                                num_experts=model["num_experts"],
+                                timeout_s=stage["server_timeout_s"]) as server:
+        data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
+                    log=stage.rel(server.log_path), startup_s=server.startup_s,
+                    argv=[stage.door.norm(a) for a in server.argv], env=server.env,
+                    backend_gates=[g["gate"] + ": " + g["status"]
+                                   for g in server.backend_gates])
+        if server.ready:
+            listed, body = serve.models_gate(stage, server)
+            stage.add(listed)
+            if body is not None:
+                stage.write_json("models_response.json", body)
+            config, saved = serve.read_model_config(stage, model["model_dir"])
+            stage.add(serve.moe_gate(config, saved, data["model_dir"]))
+            chat, answer = serve.chat_gate(stage, server)
+            stage.add(chat)
+            stage.write_json("chat_response.json", answer["body"])
+            data.update(config=config, chat=answer)
+        else:
+            stage.add(*serve.skip_gates(READY_GATES, "vLLM is not ready (see the gate 'server "
+                                                     "ready')"))
+    stage.write_json("vllm_serve.json", {k: data.get(k) for k in (
+        "gpus", "backend", "argv", "env", "ready_s", "startup_s", "backend_gates")})
+    return data
+
+
 def facts(data: dict[str, Any]) -> "pd.DataFrame":
     import pandas as pd
 
@@ -79,6 +119,11 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
         ("layers x hidden", f"{config.get('num_hidden_layers')} x {config.get('hidden_size')}"
          if config else None),
         ("server ready after (s)", data.get("ready_s")),
+        *([("GPUs (DP = EP size)", data.get("gpus")),
+           ("all-to-all backend asked", data.get("backend")),
+           ("vLLM log: first line to last API server up (s)", data.get("startup_s")),
+           ("backend gates", "; ".join(data.get("backend_gates") or []))]
+          if data.get("engine") == "vllm" else []),
         ("chat: HTTP status", chat.get("status")),
         ("chat: prompt / completion tokens",
          f"{usage.get('prompt_tokens')} / {usage.get('completion_tokens')}" if usage else None),

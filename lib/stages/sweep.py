@@ -12,6 +12,10 @@ Artifacts in the stage folder::
     summary.csv, summary.json                     lib.aiperf's schema, a row per cell
     throughput.png, latency.png                   the plots shown in the notebook
     memory.json                                   the server's VmRSS after ready and each cell
+    metrics/repeat_<r>/c<C>.{before,after}.prom   vLLM's /metrics around each cell (engine vllm)
+
+With engine 'vllm' the server is vLLM with 04's flags (lib.serve_vllm), measured only when its
+log proves the backend asked for; each cell also gates vLLM's own count of generated tokens.
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from typing import Any
 
 import pandas as pd
 
-from lib import serve, sweep
+from lib import serve, serve_vllm, sweep
 from lib.evidence import gate, skip
+from lib.hardware import cuda_device_count
 from lib.stage import Stage
 
 UPSTREAM = "04_serve"
@@ -57,7 +62,7 @@ def run(stage: Stage) -> dict[str, Any]:
         stage.add(*sweep.skip_cells(cells, engine, problem))
         return {"skipped": problem}
     engine = serve.resolve_engine(stage)
-    model, built = serve.build_model(stage)
+    model, built = serve.build_model(stage, engine)
     stage.add(built)
     if model is None:
         reason = "the model could not be built (see the gate 'model built from its seed')"
@@ -67,11 +72,11 @@ def run(stage: Stage) -> dict[str, Any]:
     print(f"sweep: {len(cells)} cells = concurrency {p['concurrency']} x {p['repeats']} repeats, "
           f"{p['request_count']} requests (+{p['warmup_requests']} warmup) each, "
           f"~{p['input_tokens']} tokens in, {p['output_tokens']} out", flush=True)
-    with serve.local_server(stage, model["model_dir"], timeout_s=p["server_timeout_s"]) as server:
-        if not server.ready:
-            reason = "the sweep's server is not ready (see the gate 'server ready')"
-            stage.add(*sweep.skip_cells(cells, engine, reason))
-            return {"skipped": reason}
+    with server_for(stage, model, engine) as server:
+        problem = server_problem(server)
+        if problem:
+            stage.add(*sweep.skip_cells(cells, engine, problem))
+            return {"skipped": problem}
         runs, memory = measure(stage, server, cells, engine)
     frame = sweep.summary_table(stage, cells, engine, p["request_count"])
     summary_files = sweep.write_summary(stage, frame)
@@ -82,13 +87,40 @@ def run(stage: Stage) -> dict[str, Any]:
     stage.add(gate("every planned cell measured", len(frame) == len(cells),
                    len(frame), len(cells), f"{len(frame)} of {len(cells)} cells in the summary",
                    summary_files))
+    if engine == "vllm":
+        stage.add(*sweep.token_count_gates(runs, p["request_count"], p["output_tokens"], engine))
     memory_file = stage.write_json("memory.json", memory)
     stage.add(sweep.rss_gate(runs, memory["after_ready_bytes"], [memory_file], server.device))
-    title = f"{engine} serve, tiny seeded MoE, {p['repeats']} repeats"
+    title = (f"vLLM, {p['all2all_backend']}, EP over {getattr(server, 'gpus', '?')} GPUs, "
+             f"{p['repeats']} repeats" if engine == "vllm" else
+             f"{engine} serve, tiny seeded MoE, {p['repeats']} repeats")
     plots = [sweep.save_png(stage, "throughput.png", sweep.plot_throughput(frame, title)),
              sweep.save_png(stage, "latency.png", sweep.plot_latency(frame, title))]
     return {"engine": engine, "summary": frame, "memory": memory, "plots": plots,
             "summary_files": summary_files, "title": title}
+
+
+def server_for(stage: Stage, model: dict[str, Any], engine: str):
+    """The stage's own server: transformers serve, or vLLM with 04's flags (same builder)."""
+    if engine == "vllm":
+        return serve_vllm.vllm_server(stage, model["model_dir"],
+                                      gpus=cuda_device_count(stage.door),
+                                      backend=stage["all2all_backend"],
+                                      num_experts=model["num_experts"],
+                                      timeout_s=stage["server_timeout_s"])
+    return serve.local_server(stage, model["model_dir"], timeout_s=stage["server_timeout_s"])
+
+
+def server_problem(server) -> str | None:
+    """Why nothing is measured on this server (None: measure). A vLLM server whose log does
+    not prove the backend asked for measures nothing under that backend's name."""
+    if not server.ready:
+        return "the sweep's server is not ready (see the gate 'server ready')"
+    if isinstance(server, serve_vllm.VllmServer) and not server.backend_ok:
+        failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
+        return (f"vLLM did not serve what was asked ({', '.join(failed)} FAILED): a number "
+                "measured now would carry the wrong backend's name")
+    return None
 
 
 def measure(stage: Stage, server, cells, engine: str):
@@ -99,7 +131,11 @@ def measure(stage: Stage, server, cells, engine: str):
         for index, cell in enumerate(cells, 1):
             print(f"[{index}/{len(cells)}] repeat {cell.repeat}, concurrency {cell.concurrency}: "
                   f"{stage['request_count']} requests ...", flush=True)
+            before = sweep.scrape_metrics(stage, server, cell, "before") if engine == "vllm" \
+                else None
             r = sweep.run_cell(stage, server, cell, engine=engine, mmap_dir=mmap_dir)
+            if before is not None:
+                r.metrics = (before, sweep.scrape_metrics(stage, server, cell, "after"))
             runs.append(r)
             rss = f"{r.rss_bytes / 2 ** 20:.0f} MiB" if r.rss_bytes else "unknown"
             row = sweep.read_cell_row(stage, cell, engine, stage["request_count"]).iloc[0]

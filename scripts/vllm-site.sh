@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Unpack the vLLM site folder on a GPU machine without network, from the parts it travelled in.
+#   scripts/vllm-site.sh PARTS_DIR DEST   (DEST/vllm-site is the folder for VLLM_SITE)
+# PARTS_DIR holds part.0, part.1, ... and sum.txt: the sha256 of the joined vllm-site.tar.xz.
+# The archive was made on a machine with PyPI from exactly the wheels of requirements-gpu.txt
+# (vLLM's part; not the NCCL/NVSHMEM wheels), see book/gpu_install.md:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform ... -r REQS -d W
+#   pip install --no-index --no-deps --no-compile --target vllm-site --python-version 3.12 ... W/*.whl
+#   tar -cf - --exclude=vllm-site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so \
+#     --exclude=vllm-site/vllm/vllm-rs --exclude=vllm-site/bin vllm-site | xz -6 -T2 > vllm-site.tar.xz
+#   split -n 3 -d -a 1 vllm-site.tar.xz part.   (3 parts of ~50 MiB)
+# Left out to fit the 64 MiB a call may carry: FlashAttention-2's kernels (Hopper runs FA3:
+# vLLM 0.24.0 picks FA3 on compute capability 9 and imports FA2 optionally), the Rust front-end
+# binary (used only with VLLM_RUST_FRONTEND_PATH), console scripts (`python3 -m` runs vLLM).
+set -euo pipefail
+parts=${1:?folder of part.N files and sum.txt}
+dest=${2:?destination folder}
+want=$(awk '{print $1}' "$parts/sum.txt")
+mkdir -p "$dest"
+cat $(ls "$parts"/part.* | sort -t. -k2 -n) > "$dest/vllm-site.tar.xz"
+got=$(sha256sum "$dest/vllm-site.tar.xz" | awk '{print $1}')
+if [[ "$got" != "$want" ]]; then
+  echo "vllm-site.sh: sha256 $got of the joined parts != $want in sum.txt" >&2
+  exit 1
+fi
+tar -xJf "$dest/vllm-site.tar.xz" -C "$dest"
+rm -f "$dest/vllm-site.tar.xz"
+echo "vllm-site.sh: $dest/vllm-site ready (sha256 $want)"

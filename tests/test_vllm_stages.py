@@ -1,0 +1,127 @@
+"""Stages 04, 05 and 06 with engine 'vllm', end to end on this CPU machine: real AIPerf, real
+HTTP, the real door and evidence, against the vLLM double of tests/test_serve_vllm.py (a real
+vLLM 0.24.0 log replayed, OpenAI answers streamed, /metrics counted). What cannot exist here is
+patched at its seam only: the GPU count (2) and the model flavor (the tiny model stands in for
+the 1.2 B-parameter one; the double reads its expert count from config.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lib import params, serve, serve_vllm
+from lib.door import Door
+from lib.stage import Stage
+from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
+from tests.test_serve_vllm import ALLGATHER_LOG, FIXTURES, listening, make_double
+
+pytestmark = [
+    pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent"),
+    pytest.mark.skipif(not Path(".venv-aiperf/bin/aiperf").exists(),
+                       reason="AIPerf's venv (.venv-aiperf) is not installed: make venv"),
+]
+
+SMALL = {"engine": "vllm", "concurrency": "1,2", "request_count": 3, "warmup_requests": 1,
+         "input_tokens": 16, "output_tokens": 8, "server_timeout_s": 60, "ab_repeats": 2}
+
+
+def open_stage(run_dir: Path, name: str, replay: bool = False) -> Stage:
+    given = {k: v for k, v in SMALL.items() if k in params.STAGE_PARAMS[name]}
+    door = Door(run_dir, name, replay=replay)
+    return Stage(name, params.resolve(name, given), run_dir, door, run_dir if replay else None)
+
+
+def two_gpus(tmp_path, monkeypatch, mode: str) -> Path:
+    double, _ = make_double(tmp_path, ALLGATHER_LOG, mode)
+    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
+    for module in (serve_stage, sweep_stage, serving_ab):
+        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
+    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    return tmp_path / "run"
+
+
+def statuses(stage) -> dict:
+    return {g.gate: g.status for g in stage.gates}
+
+
+def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
+    run_dir = two_gpus(tmp_path, monkeypatch, "serve")
+    s04 = open_stage(run_dir, "04_serve")
+    data = serve_stage.run(s04)
+    s04.finish()
+    got = statuses(s04)
+    assert {n: s for n, s in got.items() if s != "PASS"} == {}, \
+        [(g.gate, g.reason) for g in s04.gates if g.status != "PASS"]
+    for name in serve_vllm.BACKEND_GATES + ("vllm_compile_mode", "nccl_init_per_rank",
+                                            "chat request answers with content and usage"):
+        assert got[name] == "PASS"
+    assert data["engine"] == "vllm" and data["gpus"] == 2
+    saved = json.loads((run_dir / "04_serve" / "vllm_serve.json").read_text())
+    assert "--enable-expert-parallel" in saved["argv"] and "--enforce-eager" in saved["argv"]
+    assert saved["argv"][saved["argv"].index("--all2all-backend") + 1] == \
+        "allgather_reducescatter"
+
+    s05 = open_stage(run_dir, "05_sweep")
+    data = sweep_stage.run(s05)
+    s05.finish()
+    got = statuses(s05)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in s05.gates if g.status == "FAIL"]
+    counted = [g for g in s05.gates if g.gate.endswith("vLLM counted the generated tokens")]
+    assert len(counted) == 6 and all(g.status == "PASS" for g in counted)
+    assert all(g.observed >= 3 * 8 for g in counted)
+    assert len(data["summary"]) == 6 and set(data["summary"]["arm"]) == {"vllm"}
+    assert (run_dir / "05_sweep" / "metrics" / "repeat_1" / "c1.before.prom").exists()
+    assert got["server resident memory under 1.5 GiB"] == "SKIP"
+
+    s06 = open_stage(run_dir, "06_multicomm")
+    data = lever.run(s06)
+    s06.finish()
+    got = statuses(s06)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
+    assert got["eager+EP: vllm_compile_mode"] == "PASS"
+    assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
+    assert got["EP_NUM_COMMS A/B (the kernel benchmark's K communicators)"] == "SKIP"
+    assert got["cluster arms"] == "SKIP"
+    assert got["graphs+EP: vllm_compile_mode"] == "PASS"
+    frame = data["summary"]
+    assert sorted(set(frame["arm"])) == ["vllm-eager-ep", "vllm-eager-noep", "vllm-graphs-ep"]
+    assert len(frame) == 3 * 2 * 2  # arms x concurrency x repeats
+    ratios = json.loads((run_dir / "06_multicomm" / "ratios.json").read_text())
+    assert [(r["b"], r["concurrency"], r["n"]) for r in ratios] == [
+        ("graphs+EP", 1, 2), ("graphs+EP", 2, 2), ("eager, no EP", 1, 2), ("eager, no EP", 2, 2)]
+    assert all(r["low"] <= r["ratio"] <= r["high"] for r in ratios)
+    # the arms were interleaved: repeat 2 ran them in reverse order
+    order = [c for c in serving_ab.cell_order(2, [1, 2])]
+    assert [a.slug for r, c, a in order if (r, c) == (1, 1)] == \
+        [a.slug for r, c, a in order if (r, c) == (2, 1)][::-1]
+    stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
+    assert len(stopped) == 3 and all(g.status == "PASS" for g in stopped)
+
+    # replay: the three stages re-computed from the transcript alone
+    for name, runner in (("04_serve", serve_stage.run), ("05_sweep", sweep_stage.run),
+                         ("06_multicomm", lever.run)):
+        replay = open_stage(run_dir, name, replay=True)
+        runner(replay)
+        replay.finish()
+
+
+def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
+    run_dir = two_gpus(tmp_path, monkeypatch, "eager-only")
+    stage = open_stage(run_dir, "04_serve")
+    serve_stage.run(stage)
+    stage.finish()
+    s06 = open_stage(run_dir, "06_multicomm")
+    data = lever.run(s06)
+    s06.finish()
+    gates = {g.gate: g for g in s06.gates}
+    mode = gates["graphs+EP: vllm_compile_mode"]
+    assert mode.status == "FAIL" and "Enforce eager set" in mode.reason
+    assert "vllm-graphs-ep: its log does not prove" in data["skipped"]
+    assert gates["serving A/B"].status == "SKIP"
+    assert not [g for g in s06.gates if g.gate.startswith("aiperf ")]  # nothing measured
+    stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
+    assert len(stopped) == 3 and all(g.status == "PASS" for g in stopped)
+    assert all(g.observed["port_listening"] is False for g in stopped)

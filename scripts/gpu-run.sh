@@ -40,8 +40,10 @@ export PYTHONPATH="${VLLM_SITE:+$VLLM_SITE:}$site:$PWD"
 # nested venv would not see.
 aiperf_site=/tmp/aiperf-site
 if [[ ! -x .venv-aiperf/bin/aiperf ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$aiperf_site" \
-    "$wheels_aiperf"/*.whl
+  if [[ ! -d "$aiperf_site" ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$aiperf_site" \
+      "$wheels_aiperf"/*.whl
+  fi
   mkdir -p .venv-aiperf/bin
   cat > .venv-aiperf/bin/aiperf <<WRAPPER
 #!/bin/sh

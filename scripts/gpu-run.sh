@@ -19,10 +19,12 @@
 # mako, kopf, kubernetes_asyncio, textual, flask, itsdangerous, blinker, retrying, logistro,
 # colorlog: checked by running `aiperf profile` with those modules blocked).
 #
-# VLLM_SITE=DIR (optional): a folder holding vLLM 0.24.0 and the wheels requirements-gpu.txt
-# names, installed with `pip install --no-deps --target` (scripts/vllm-site.sh unpacks one);
-# it goes first on PYTHONPATH, so engine '' picks vLLM there (2+ GPUs). Extra arguments after
-# STAGES are passed to the runner (e.g. -p engine transformers).
+# SITES=DIR[:DIR...] (optional): folders installed with `pip install --no-deps --target`, put
+# first on PYTHONPATH: vLLM 0.24.0 with the wheels requirements-gpu.txt names (unpacked by
+# scripts/vllm-site.sh; engine '' then picks vLLM on 2+ GPUs), or the pinned transformers when the
+# machine's own is older (its 5.17.0 lists only the Hugging Face cache at /v1/models, not the
+# model it serves). Named SITES, not VLLM_*: vLLM warns about every unknown VLLM_ variable.
+# Extra arguments after STAGES are passed to the runner (e.g. -p engine transformers).
 set -euo pipefail
 run_id=${1:?run id}
 wheels_nb=${2:?folder of notebook wheels}
@@ -34,7 +36,7 @@ site=/tmp/guide-site
 if [[ ! -d "$site" ]]; then  # a second run on the same machine keeps the first one's install
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels_nb"/*.whl
 fi
-export PYTHONPATH="${VLLM_SITE:+$VLLM_SITE:}$site:$PWD"
+export PYTHONPATH="${SITES:+$SITES:}$site:$PWD"
 # AIPerf apart, as on the CPU machines: its own site folder, behind the same path the guide
 # calls (.venv-aiperf/bin/aiperf). No venv: python3 there is itself a venv, whose packages a
 # nested venv would not see.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Unpack the vLLM site folder on a GPU machine without network, from the parts it travelled in.
-#   scripts/vllm-site.sh PARTS_DIR DEST   (DEST/vllm-site is the folder for VLLM_SITE)
+#   scripts/vllm-site.sh PARTS_DIR DEST   (DEST/vllm-site goes into gpu-run.sh's SITES)
 # PARTS_DIR holds part.0, part.1, ... and sum.txt: the sha256 of the joined vllm-site.tar.xz.
 # The archive was made on a machine with PyPI from exactly the wheels of requirements-gpu.txt
 # (vLLM's part; not the NCCL/NVSHMEM wheels), see book/gpu_install.md:

@@ -136,3 +136,33 @@ def test_real_evidence_passes_redaction_unchanged():
     changed = [p for p in files if redact.redact(p.read_text(errors="replace"))
                != p.read_text(errors="replace")]
     assert changed == []
+
+
+def test_engine_decides_the_local_defaults():
+    cpu = params.resolve("05_sweep", {"engine": "transformers"})
+    gpu = params.resolve("05_sweep", {"engine": "vllm"})
+    assert cpu["concurrency"] == [1, 2, 4] and gpu["concurrency"] == [4, 8, 32]
+    assert (gpu["output_tokens"], gpu["input_tokens"]) == (128, 120)
+    assert params.resolve("06_multicomm", {"engine": "vllm"})["ab_repeats"] == 3
+    # a value given wins over the engine's default
+    assert params.resolve("05_sweep", {"engine": "vllm", "concurrency": "2"})["concurrency"] == [2]
+
+
+def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp_path):
+    import json as _json
+
+    from lib.stage import _open_replay, recorded_engine
+
+    run = tmp_path / "r"
+    (run / "06_multicomm").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    old = {k: v for k, v in params.resolve("06_multicomm", {}).items()
+           if k not in params.SERVE + params.TRAFFIC}  # recorded before engine existed
+    (run / "06_multicomm" / "params.json").write_text(_json.dumps(old))
+    assert recorded_engine(run, "06_multicomm") == "transformers"
+    now = params.resolve("06_multicomm", {"engine": "transformers"})
+    stage = _open_replay("06_multicomm", now, run)
+    assert stage["engine"] == "transformers" and stage["concurrency"] == [1, 2, 4]
+    # a value that is not the default is a mismatch, as before
+    with pytest.raises(Exception, match="concurrency"):
+        _open_replay("06_multicomm", {**now, "concurrency": [9]}, run)

@@ -195,3 +195,33 @@ def test_rss_gate():
     run.rss_bytes = 700 * 2 ** 20
     assert sweep.rss_gate([run], 600 * 2 ** 20, []).status == "PASS"
     assert sweep.rss_gate([], None, []).status == "FAIL"
+
+
+def test_metric_total_sums_every_engine_and_ignores_lookalikes():
+    from lib.sweep import GENERATION_TOKENS, metric_total
+
+    text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 1280.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="m"} 1152.0\n'
+            'vllm:generation_tokens_total_created{engine="0"} 1.7e9\n')
+    assert metric_total(text, GENERATION_TOKENS) == 2432.0
+    assert metric_total("", GENERATION_TOKENS) is None
+
+
+def test_token_count_gates_fail_when_vllm_counted_less():
+    from lib.sweep import Cell, CellRun, token_count_gates
+
+    def run(before, after):
+        r = CellRun(Cell(1, 4), 0, False, 1.0, "", [], None)
+        r.metrics = ({"file": "b", "status": 200, "generation_tokens": before},
+                     {"file": "a", "status": 200, "generation_tokens": after})
+        return r
+
+    ok, short = token_count_gates([run(0, 48 * 128 + 8 * 128), run(100, 100 + 47 * 128)],
+                                  48, 128, "vllm")
+    assert ok.status == "PASS" and ok.observed == 56 * 128
+    assert short.status == "FAIL" and short.expected == f">= {48 * 128}"
+    unread = CellRun(Cell(1, 8), 0, False, 1.0, "", [], None)
+    unread.metrics = ({"file": None, "status": 500, "generation_tokens": None},) * 2
+    assert token_count_gates([unread], 48, 128, "vllm")[0].status == "FAIL"

@@ -161,3 +161,24 @@ def test_requirements_gpu_exact_and_agrees_with_pins_yaml():
     assert "torch" not in req and "flashinfer-python" not in req
     # TOOLCHAIN's measured set: vLLM plus 24 wheels, plus DeepEP's NCCL and NVSHMEM.
     assert len(req) == 25 + 2
+
+
+def test_without_expert_parallelism_only_locally_and_without_a_backend():
+    argv, _ = vllm_serve("local", model="/m", dp_size=2, dp_size_local=2,
+                         transport="intranode_nvlink", expert_parallel=False)
+    assert "--enable-expert-parallel" not in argv and "--all2all-backend" not in argv
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
+    with pytest.raises(ParameterError, match="expert_parallel"):
+        vllm_serve("leader", model="/m", dp_size=16, dp_size_local=8, dp_address="10.0.0.1",
+                   dp_rpc_port=13345, expert_parallel=False)
+    with pytest.raises(ParameterError, match="expert_parallel"):
+        vllm_serve("local", model="/m", dp_size=2, dp_size_local=2, expert_parallel="no")
+
+
+def test_params_all2all_backends_are_vllm_args_backends():
+    from lib import params
+    from lib.vllm_args import BACKENDS
+
+    assert params.ALL2ALL_BACKENDS == BACKENDS
+    with pytest.raises(ParameterError, match="all2all_backend"):
+        params.resolve("04_serve", {"all2all_backend": "naive"})

@@ -298,3 +298,38 @@ def test_efa_provider_ties_lines_to_ranks_through_init_lines():
     g = efa_provider_per_rank(EIGHT_RANKS_EXCERPT + EFA_OLD, 8)
     assert g["status"] == "FAIL"
     assert "no EFA provider line from rank(s) 0, 1, 2, 3, 4, 5, 6, 7 of 8" in g["reason"]
+
+
+# --- eager vs CUDA graphs, EP on vs off ----------------------------------------------------------
+def test_compile_mode_gate_on_the_real_eager_log():
+    from lib.vllm_logs import compile_mode_gate
+
+    text = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-allgather_reducescatter.log").read_text()
+    assert compile_mode_gate(text, True, log_name="x.log")["status"] == "PASS"
+    asked_graphs = compile_mode_gate(text, False, log_name="x.log")
+    assert asked_graphs["status"] == "FAIL"
+    assert "Enforce eager set" in asked_graphs["reason"]
+    assert asked_graphs["evidence"][0].startswith("x.log:16: ")
+
+
+def test_compile_mode_gate_graphs_line_in_vllms_format():
+    from lib.vllm_logs import compile_mode_gate
+
+    # vLLM 0.24.0's format string (gpu_model_runner.py): "Graph capturing finished in %.0f secs,
+    # took %.2f GiB"; no recorded log of a graph serve exists yet.
+    line = ("(Worker_DP0_EP0 pid=7) INFO 11-30 12:40:01 [gpu_model_runner.py:6657] Graph "
+            "capturing finished in 6 secs, took 0.42 GiB")
+    assert compile_mode_gate(line, False)["status"] == "PASS"
+    assert compile_mode_gate(line, True)["status"] == "FAIL"
+    assert compile_mode_gate("", False)["status"] == "FAIL"
+
+
+def test_expert_parallel_off_gate():
+    from lib.vllm_logs import expert_parallel_off_gate
+
+    text = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-allgather_reducescatter.log").read_text()
+    with_ep = expert_parallel_off_gate(text)
+    assert with_ep["status"] == "FAIL" and with_ep["observed"]["ep_split_lines"] >= 1
+    without = "\n".join(l for l in text.splitlines()
+                        if "Expert parallelism is enabled" not in l and "all2all manager" not in l)
+    assert expert_parallel_off_gate(without)["status"] == "PASS"

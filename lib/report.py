@@ -163,6 +163,39 @@ def kernel_figures(run_dir: Path) -> dict | None:
     }
 
 
+def vllm_sections(run_dir: Path) -> list[str]:
+    """A vLLM run's figures: the serve (backend proven by its log), the sweep, the A/B ratios."""
+    out = []
+    serve_path = Path(run_dir) / "04_serve" / "vllm_serve.json"
+    if serve_path.exists():
+        served = evidence.read_json(serve_path)
+        out.append("\n### vLLM serve (04)\n")
+        out.append(f"vLLM on {served.get('gpus')} GPUs, DP = EP = {served.get('gpus')}, "
+                   f"`--all2all-backend {served.get('backend')}`; ready after "
+                   f"{served.get('ready_s')} s from launch ({served.get('startup_s')} s from "
+                   "vLLM's first log line to the last API server up). Backend gates from its "
+                   f"log: {', '.join(served.get('backend_gates') or [])}.\n")
+    summary_path = Path(run_dir) / "05_sweep" / "summary.csv"
+    if serve_path.exists() and summary_path.exists():
+        frame = pd.read_csv(summary_path)
+        table = (frame.groupby("concurrency")["output_tps"]
+                 .agg(["median", "min", "max", "count"]).round(1).reset_index()
+                 .rename(columns={"median": "output tok/s (median)", "count": "repeats"}))
+        out.append("\n### vLLM sweep (05)\n")
+        out.append(_md_table(table))
+    ratios_path = Path(run_dir) / "06_multicomm" / "ratios.json"
+    if ratios_path.exists():
+        rows = evidence.read_json(ratios_path)
+        out.append("\n### vLLM serving A/B (06), output tok/s, arms interleaved\n")
+        out.append(_md_table(pd.DataFrame([{
+            "arm b / arm a": f"{r['b']} / {r['a']}", "concurrency": r["concurrency"],
+            "paired repeats": r["n"],
+            "ratio": None if r["ratio"] is None else round(r["ratio"], 3),
+            "95% interval": None if r["low"] is None else
+            f"{r['low']:.3f} to {r['high']:.3f}"} for r in rows])))
+    return out
+
+
 def reference_runs_page(results: Path) -> str:
     """Every further reference run: what it is, its stages, its figures, what replays."""
     results = Path(results)
@@ -196,6 +229,7 @@ def reference_runs_page(results: Path) -> str:
             out.append(f"\n### Lever (06)\n\n{ratio['b']} / {ratio['a']} dispatch+combine p50: "
                        f"**{ratio['ratio']:.2f}** (95% interval {ratio['low']:.2f} to "
                        f"{ratio['high']:.2f}, {ratio['method']}).\n")
+        out += vllm_sections(run_dir)
         failed = gates_table(run_dir)
         failed = failed[failed.status == "FAIL"]
         if len(failed):

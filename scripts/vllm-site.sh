@@ -17,7 +17,8 @@ parts=${1:?folder of part.N files and sum.txt}
 dest=${2:?destination folder}
 want=$(awk '{print $1}' "$parts/sum.txt")
 mkdir -p "$dest"
-cat $(ls "$parts"/part.* | sort -t. -k2 -n) > "$dest/vllm-site.tar.xz"
+mapfile -t pieces < <(find "$parts" -maxdepth 1 -name 'part.*' | sort -t. -k2 -n)
+cat "${pieces[@]}" > "$dest/vllm-site.tar.xz"
 got=$(sha256sum "$dest/vllm-site.tar.xz" | awk '{print $1}')
 if [[ "$got" != "$want" ]]; then
   echo "vllm-site.sh: sha256 $got of the joined parts != $want in sum.txt" >&2

@@ -228,6 +228,10 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
         raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
     if transport not in TRANSPORTS:
         raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
+    if transport == "intranode_nvlink" and not nccl_site:
+        raise ParameterError("nccl_site", nccl_site,
+                             "a site-packages folder holding nvidia-nccl-cu13 2.30.4: DeepEP built "
+                             "for it segfaults on torch's own NCCL unless it is preloaded")
     if transport == "intranode_nvlink" and nodes != 1:
         raise ParameterError("nodes", nodes, "1 on the intranode_nvlink transport (one machine's "
                              "NVLink; across nodes the transport is efa)")

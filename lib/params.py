@@ -131,6 +131,15 @@ _PARAMS = [
           "communicators the all-to-all is striped over (EP_NUM_COMMS)"),
     Param("iters", "an integer >= 1", _int_at_least(1), {"local": 30, "*": 50}, "timed iterations"),
     Param("warmup", "an integer >= 0", _int_at_least(0), {"*": 5}, "untimed iterations"),
+    # DeepEP itself on a GPU machine (local): 03 runs its test_ep beside the torch benchmark
+    Param("deepep_dir", "'' (none) or the path of a DeepEP checkout built in place "
+          "(docker/build_deepep.sh)", _text, {"*": ""},
+          "DeepEP to run tests/elastic/test_ep.py from (local, 2+ GPUs)"),
+    Param("nccl_site", "'' (none) or a site-packages folder holding nvidia-nccl-cu13 2.30.4",
+          _text, {"*": ""}, "the NCCL DeepEP was built for, preloaded intranode (lib.transport)"),
+    Param("test_ep_tokens", "a list of integers >= 1, e.g. '128,512,4096'", _int_list,
+          {"*": [128, 512, 4096]}, "tokens per rank of each test_ep run (and the torch "
+                                   "benchmark beside it)"),
     # 04 serve
     Param("engine", "one of " + ", ".join(ENGINES) + " ('' picks by hardware)",
           lambda v: "" if v == "" else _one_of(ENGINES)(v), {"*": ""}, "serving engine"),
@@ -170,14 +179,15 @@ PARAMS = {p.name: p for p in _PARAMS}
 
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
           "namespace")
-SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend")
+SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site")
 TRAFFIC = ("concurrency", "request_count", "warmup_requests", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
+DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "00_cluster": COMMON,
     "01_public_roots": COMMON,
     "02_image": COMMON,
-    "03_kernel_test": COMMON + KERNEL,
+    "03_kernel_test": COMMON + KERNEL + DEEPEP,
     "04_serve": COMMON + SERVE,
     "05_sweep": COMMON + SERVE + TRAFFIC + ("repeats",),
     "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats") + SERVE
@@ -226,6 +236,18 @@ def _check_together(p: dict[str, Any]) -> None:
     if experts is not None and ranks and experts % ranks:
         raise ParameterError("num_experts", experts,
                              f"a multiple of the ranks ({ranks}) so every rank holds whole experts")
+    if p.get("deepep_dir") and not p.get("nccl_site"):
+        raise ParameterError("nccl_site", p.get("nccl_site"),
+                             "a site-packages folder holding nvidia-nccl-cu13 2.30.4 whenever "
+                             "deepep_dir is given: DeepEP built for it segfaults on torch's "
+                             "own NCCL unless it is preloaded")
+    backend = p.get("all2all_backend") or ""
+    if (p.get("context") == "local" and p.get("engine") == "vllm" and backend.startswith("deepep")
+            and not p.get("nccl_site")):
+        raise ParameterError("nccl_site", p.get("nccl_site"),
+                             f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
+                             f"all2all_backend {backend!r} (DeepEP on PYTHONPATH, built for "
+                             "that NCCL)")
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")

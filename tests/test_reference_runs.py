@@ -37,7 +37,31 @@ def test_the_cpu_reference_run_has_every_stage_and_no_fail():
                [c.get("outputs") for c in recorded["cells"]]
 
 
-@pytest.mark.parametrize("run_id", FURTHER)
+KERNEL_RUNS = [r for r in FURTHER if (RESULTS / r / "03_kernel_test" / "result.json").exists()]
+VLLM_RUNS = [r for r in FURTHER if (RESULTS / r / "04_serve" / "vllm_serve.json").exists()]
+
+
+def test_the_gpu_reference_runs_cover_the_kernel_and_vllm():
+    assert KERNEL_RUNS and VLLM_RUNS
+
+
+@pytest.mark.parametrize("run_id", VLLM_RUNS)
+def test_a_vllm_reference_run_proves_its_backend_per_rank(run_id):
+    run = RESULTS / run_id
+    served = {g["gate"]: g for g in evidence.read_gates(run / "04_serve")}
+    assert {g["status"] for g in served.values()} == {"PASS"}
+    for name in ("vllm_all2all_manager", "vllm_ep_split", "vllm_prepare_finalize",
+                 "vllm_api_servers_ready", "vllm_no_fallback_no_legacy_buffer",
+                 "vllm_compile_mode", "nccl_init_per_rank"):
+        assert served[name]["status"] == "PASS"
+    assert served["nccl_init_per_rank"]["observed"]["ranks_complete"] == [0, 1]
+    swept = evidence.read_gates(run / "05_sweep")
+    assert not [g for g in swept if g["status"] == "FAIL"]
+    counted = [g for g in swept if g["gate"].endswith("vLLM counted the generated tokens")]
+    assert counted and all(g["status"] == "PASS" for g in counted)
+
+
+@pytest.mark.parametrize("run_id", KERNEL_RUNS)
 def test_a_gpu_reference_run_measured_nccl_with_correctness(run_id):
     run = RESULTS / run_id
     result = evidence.read_json(run / "03_kernel_test" / "result.json")

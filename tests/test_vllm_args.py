@@ -159,8 +159,9 @@ def test_requirements_gpu_exact_and_agrees_with_pins_yaml():
     assert req[data["nvshmem"]["package"]] == str(data["nvshmem"]["version"]) == "3.6.5"
     # The machine's CUDA torch stays: never pulled in by this file.
     assert "torch" not in req and "flashinfer-python" not in req
-    # TOOLCHAIN's measured set: vLLM plus 24 wheels, plus DeepEP's NCCL and NVSHMEM.
-    assert len(req) == 25 + 2
+    # TOOLCHAIN's measured set: vLLM plus 24 wheels, plus jiter (openai's; the notebook wheels
+    # carried it when TOOLCHAIN measured), plus DeepEP's NCCL and NVSHMEM.
+    assert len(req) == 25 + 1 + 2
 
 
 def test_without_expert_parallelism_only_locally_and_without_a_backend():

@@ -1,20 +1,29 @@
 """Stage 03: the all-to-all works (correctness) and how fast (per-phase p50/p99, beside its floor).
 
 On the local context: lib.bench.moe_a2a under torchrun, gloo on CPU, NCCL on two or more GPUs.
+Given a DeepEP build (``deepep_dir``, with ``nccl_site``) on two or more GPUs, DeepEP's own
+tests/elastic/test_ep.py runs too, through lib.deepep's argv/env contract (the cluster's), at each
+of ``test_ep_tokens``, with the torch benchmark and its NCCL floor at the same shape beside it.
 """
 from __future__ import annotations
 
 import json
 import sys
 
+from pathlib import Path
+
+from lib import deepep
 from lib.bench import result as bench_result
 from lib.hardware import cuda_device_count
 from lib.evidence import Gate, skip
 from lib.stage import Stage
+from lib.testep import first_case, parse_test_ep_text
 
 CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use test_ep's 7168
 GPU_HIDDEN = 7168
 TORCHRUN_TIMEOUT_S = 600
+TEST_EP_TIMEOUT_S = 900
+TEST_EP_TRANSPORT = "intranode_nvlink"  # one machine: GIN off, NCCL 2.30.4 preloaded
 
 
 def device_count(stage: Stage) -> int:
@@ -77,12 +86,75 @@ def run(stage: Stage) -> dict:
     if gpus < 2:
         stage.add(skip("DeepEP test_ep (GPU)", f"{gpus} GPU(s) here: DeepEP's own test_ep needs "
                        "2 or more GPUs; the torch benchmark above is this machine's measurement"))
-    return {"result": result, "config": cfg}
+        return {"result": result, "config": cfg}
+    data = {"result": result, "config": cfg}
+    if stage["deepep_dir"]:  # on a GPU machine without a DeepEP build: the torch benchmark only
+        data["test_ep"] = run_test_ep_beside_bench(stage, cfg, result)
+    return data
+
+
+def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
+    """DeepEP's own tests/elastic/test_ep.py at `num_tokens` (one process; it spawns a rank per
+    GPU), correctness on, over NVLink with GIN off (lib.transport intranode_nvlink)."""
+    tests_dir = Path(stage["deepep_dir"]) / "tests" / "elastic"
+    argv = deepep.test_ep_argv(python=sys.executable, tests_dir=tests_dir,
+                               num_processes=cfg["nproc"], num_tokens=num_tokens,
+                               hidden=cfg["hidden"], num_topk=cfg["num_topk"],
+                               num_experts=cfg["num_experts"])
+    env = deepep.test_ep_env(nodes=1, node_rank=0, master_addr="127.0.0.1",
+                             rdzv_port=stage.door.free_port(), transport=TEST_EP_TRANSPORT,
+                             nccl_site=stage["nccl_site"])
+    call = stage.door.run(argv, timeout=TEST_EP_TIMEOUT_S, env=env, check=False)
+    streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
+               f"calls/{stage.name}/{call.seq:04d}.stderr"]
+    text = call.stdout + "\n" + call.stderr
+    gates = deepep.gates_from_test_ep(text, None if call.timed_out else call.rc,
+                                      num_ranks=cfg["nproc"], evidence=streams,
+                                      transport=TEST_EP_TRANSPORT)
+    try:
+        case = first_case(parse_test_ep_text(text, source=streams[0]))
+    except ValueError:
+        case = None
+    return case, gates
+
+
+def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> list[dict]:
+    """Per token count: test_ep, then the torch benchmark and its floor at the same shape (the
+    run at cfg's own token count is reused). Gates prefixed 'test_ep <T> tokens: '."""
+    rows = []
+    for tokens in stage["test_ep_tokens"]:
+        case, gates = run_test_ep(stage, cfg, tokens)
+        stage.add(*[Gate(**{**g, "gate": f"test_ep {tokens} tokens: {g['gate']}"}) for g in gates])
+        if tokens == cfg["num_tokens"]:
+            bench = result
+        else:
+            bench, bench_gates = run_bench(stage, {**cfg, "num_tokens": tokens},
+                                           f"result_{tokens}.json")
+            stage.add(*[Gate(**{**g, "gate": f"torch benchmark {tokens} tokens: {g['gate']}"})
+                        for g in bench_gates])
+        dc = ((bench or {}).get("phases_us") or {}).get("dispatch_combine") or {}
+        rows.append({"tokens": tokens,
+                     "test_ep D+C p50 (us)": (case or {}).get("dc_p50_us"),
+                     "torch D+C p50 (us)": dc.get("p50"),
+                     "NCCL floor p50 (us)": ((bench or {}).get("floor_us") or {}).get("p50")})
+    stage.write_json("test_ep.json", rows)
+    return rows
 
 
 def show(stage: Stage, data: dict):
     from lib.glue import glue
 
+    if data.get("test_ep"):
+        import pandas as pd
+        from IPython.display import display
+
+        print("DeepEP test_ep (first case: FP8 dispatch, bf16 combine) beside the torch benchmark "
+              "and the bare NCCL floor, per token count:")
+        display(pd.DataFrame(data["test_ep"]).round(1))
+        for row in data["test_ep"]:
+            if row["test_ep D+C p50 (us)"] is not None:
+                glue(f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1),
+                     display=False)
     table = bench_result.summary_table(data["result"])
     result = data["result"] or {}
     dc = ((result.get("phases_us") or {}).get("dispatch_combine") or {}).get("p50")

@@ -95,6 +95,7 @@ def run(stage: Stage) -> dict[str, Any]:
             server = stack.enter_context(serve_vllm.vllm_server(
                 stage, model["model_dir"], gpus=gpus, backend=p["all2all_backend"],
                 num_experts=model["num_experts"], enforce_eager=arm.enforce_eager,
+                nccl_site=p["nccl_site"] or None,
                 expert_parallel=arm.expert_parallel, timeout_s=p["server_timeout_s"],
                 gate_prefix=arm.name, log_name=f"{arm.slug}.log"))
             servers[arm.slug] = server

@@ -105,6 +105,18 @@ def _int_list(v):
     return sorted(values)
 
 
+def _backend_list(v):
+    """'' -> []; 'a,b' or [a, b] -> [a, b]: two or more distinct vLLM backends, order kept."""
+    items = v if isinstance(v, (list, tuple)) else [x for x in str(v).replace(" ", "").split(",")
+                                                     if x]
+    if not items:
+        return []
+    if len(items) < 2 or len(set(items)) != len(items) or any(
+            x not in ALL2ALL_BACKENDS for x in items):
+        raise ValueError
+    return list(items)
+
+
 _PARAMS = [
     Param("context", "one of " + ", ".join(CONTEXTS), _one_of(CONTEXTS), {"*": "local"},
           "where the stage runs"),
@@ -168,6 +180,14 @@ _PARAMS = [
     Param("output_tokens", "an integer >= 1", _int_at_least(1),
           {"local": 16, "local:vllm": 128, "*": 128},
           "output tokens per request"),
+    Param("ab_backends", "'' (none) or two or more of " + ", ".join(ALL2ALL_BACKENDS)
+          + ", comma-separated, the first the baseline", _backend_list, {"*": []},
+          "05 with engine vllm: these backends side by side, arms interleaved, both traffic "
+          "shapes (deepep_v2 vs allgather_reducescatter)"),
+    Param("prefill_input_tokens", "an integer >= 1", _int_at_least(1), {"*": 1536},
+          "the prefill-heavy traffic shape of the backend A/B: input tokens"),
+    Param("prefill_output_tokens", "an integer >= 1", _int_at_least(1), {"*": 16},
+          "the prefill-heavy traffic shape of the backend A/B: output tokens"),
     # 06 multicomm
     Param("arm_a_comms", "an integer >= 1", _int_at_least(1), {"*": 1}, "arm A communicators"),
     Param("arm_b_comms", "an integer >= 1", _int_at_least(1), {"*": 8}, "arm B communicators"),
@@ -189,7 +209,8 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "02_image": COMMON,
     "03_kernel_test": COMMON + KERNEL + DEEPEP,
     "04_serve": COMMON + SERVE,
-    "05_sweep": COMMON + SERVE + TRAFFIC + ("repeats",),
+    "05_sweep": COMMON + SERVE + TRAFFIC + ("repeats", "ab_backends", "prefill_input_tokens",
+                                            "prefill_output_tokens"),
     "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats") + SERVE
                     + TRAFFIC,
 }
@@ -241,13 +262,16 @@ def _check_together(p: dict[str, Any]) -> None:
                              "a site-packages folder holding nvidia-nccl-cu13 2.30.4 whenever "
                              "deepep_dir is given: DeepEP built for it segfaults on torch's "
                              "own NCCL unless it is preloaded")
-    backend = p.get("all2all_backend") or ""
-    if (p.get("context") == "local" and p.get("engine") == "vllm" and backend.startswith("deepep")
-            and not p.get("nccl_site")):
-        raise ParameterError("nccl_site", p.get("nccl_site"),
-                             f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
-                             f"all2all_backend {backend!r} (DeepEP on PYTHONPATH, built for "
-                             "that NCCL)")
+    for backend in [p.get("all2all_backend") or "", *(p.get("ab_backends") or [])]:
+        if (p.get("context") == "local" and p.get("engine") == "vllm"
+                and backend.startswith("deepep") and not p.get("nccl_site")):
+            raise ParameterError("nccl_site", p.get("nccl_site"),
+                                 f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
+                                 f"the backend {backend!r} (DeepEP on PYTHONPATH, built for "
+                                 "that NCCL)")
+    if p.get("ab_backends") and p.get("engine") == "transformers":
+        raise ParameterError("ab_backends", p["ab_backends"],
+                             "'' with engine 'transformers' (it has no all-to-all backend)")
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")

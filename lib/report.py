@@ -183,17 +183,28 @@ def vllm_sections(run_dir: Path) -> list[str]:
                  .rename(columns={"median": "output tok/s (median)", "count": "repeats"}))
         out.append("\n### vLLM sweep (05)\n")
         out.append(_md_table(table))
-    ratios_path = Path(run_dir) / "06_multicomm" / "ratios.json"
-    if ratios_path.exists():
-        rows = evidence.read_json(ratios_path)
-        out.append("\n### vLLM serving A/B (06), output tok/s, arms interleaved\n")
-        out.append(_md_table(pd.DataFrame([{
-            "arm b / arm a": f"{r['b']} / {r['a']}", "concurrency": r["concurrency"],
-            "paired repeats": r["n"],
-            "ratio": None if r["ratio"] is None else round(r["ratio"], 3),
-            "95% interval": None if r["low"] is None else
-            f"{r['low']:.3f} to {r['high']:.3f}"} for r in rows])))
+    for stage, title in (("05_sweep", "vLLM backend A/B (05), output tok/s, arms interleaved"),
+                         ("06_multicomm", "vLLM serving A/B (06), output tok/s, arms "
+                                          "interleaved")):
+        ratios_path = Path(run_dir) / stage / "ratios.json"
+        if ratios_path.exists():
+            out.append(f"\n### {title}\n")
+            out.append(_md_table(ratio_rows(evidence.read_json(ratios_path))))
+    test_ep_path = Path(run_dir) / "03_kernel_test" / "test_ep.json"
+    if test_ep_path.exists():
+        out.append("\n### DeepEP test_ep beside the torch benchmark and the NCCL floor (03)\n")
+        out.append(_md_table(pd.DataFrame(evidence.read_json(test_ep_path)).round(1)))
     return out
+
+
+def ratio_rows(rows: list[dict]) -> pd.DataFrame:
+    """A/B ratios (lib.stages.serving_ab's ratios.json) as a table."""
+    return pd.DataFrame([{
+        "arm b / arm a": f"{r['b']} / {r['a']}", **({"shape": r["shape"]} if "shape" in r else {}),
+        "concurrency": r["concurrency"], "paired repeats": r["n"],
+        "ratio": None if r["ratio"] is None else round(r["ratio"], 3),
+        "95% interval": None if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}"}
+        for r in rows])
 
 
 def reference_runs_page(results: Path) -> str:

@@ -135,16 +135,18 @@ def _tail(text: str, lines: int = 6) -> str:
 
 
 def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
-             arm: str | None = None) -> CellRun:
-    """One AIPerf run; its artifacts under the arm's name (default: the engine's)."""
+             arm: str | None = None, shape: tuple[int, int] | None = None) -> CellRun:
+    """One AIPerf run; its artifacts under the arm's name (default: the engine's); `shape` =
+    (input tokens, output tokens), default the stage's."""
     p = stage.params
     out = cell_dir(stage, cell, arm or engine)
+    input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
     argv = aiperf_argv(
         engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
         request_count=p["request_count"], warmup_requests=p["warmup_requests"],
-        input_tokens=p["input_tokens"], output_tokens=p["output_tokens"], seed=p["seed"],
+        input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
         artifact_dir=out, cores=server.client_cores)
-    timeout = cell_timeout_s(p["request_count"], p["warmup_requests"], p["output_tokens"],
+    timeout = cell_timeout_s(p["request_count"], p["warmup_requests"], output_tokens,
                              cell.concurrency)
     call = stage.door.run(bounded(argv, timeout), timeout=timeout + KILL_AFTER_S + 30,
                           env=aiperf_env(mmap_dir), check=False)

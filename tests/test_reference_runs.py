@@ -68,3 +68,28 @@ def test_a_gpu_reference_run_measured_nccl_with_correctness(run_id):
     assert result["config"]["backend"] == "nccl" and result["correct"] is True
     gates = {g["gate"]: g["status"] for g in evidence.read_gates(run / "03_kernel_test")}
     assert set(gates.values()) == {"PASS"}
+
+
+def test_committed_notebooks_declare_every_parameter_of_their_stage():
+    """The parameters cell is what papermill (and a reader) sees: it must be lib.notebooks'
+    current one, naming every parameter lib.params declares for the stage."""
+    from lib.notebooks import parameters_source
+
+    for stage in STAGES:
+        stored = json.loads((REPO_ROOT / "notebooks" / f"{stage}.ipynb").read_text())
+        cell = next(c for c in stored["cells"] if "parameters" in c["metadata"].get("tags", []))
+        assert "".join(cell["source"]) == parameters_source(stage), stage
+
+
+@pytest.mark.parametrize("run_id", VLLM_RUNS)
+def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
+    import pandas as pd
+
+    page = report.reference_runs_page(RESULTS)
+    section = page.split(f"## `{run_id}`", 1)[1].split("\n## `", 1)[0]
+    assert "### vLLM serve (04)" in section and "### vLLM sweep (05)" in section
+    served = evidence.read_json(RESULTS / run_id / "04_serve" / "vllm_serve.json")
+    assert f"ready after {served['ready_s']} s" in section
+    summary = pd.read_csv(RESULTS / run_id / "05_sweep" / "summary.csv")
+    for c, values in summary.groupby("concurrency")["output_tps"]:
+        assert f"| {c} | {round(values.median(), 1)} |" in section

@@ -63,6 +63,8 @@ if args[:3] != CLI or len(args) < 4 or "--port" not in args:
     out("vllm-double: usage: vllm-double -m vllm.entrypoints.cli.main serve MODEL ... --port P")
     sys.exit(2)
 model, port = args[3], int(args[args.index("--port") + 1])
+if isinstance(LOG, dict):  # one recorded log per backend (a backend A/B)
+    LOG = LOG[args[args.index("--all2all-backend") + 1]]
 import os
 with open(RECORD, "w") as fh:
     json.dump({{"argv": sys.argv, "env": {{k: os.environ.get(k) for k in
@@ -200,12 +202,15 @@ sys.exit(0)
 '''
 
 
-def make_double(tmp_path: Path, log: Path, mode: str = "serve") -> tuple[Path, Path]:
-    """(the vllm-double executable, the JSON file where it records its argv and env)."""
-    record = tmp_path / f"double-{mode}-{log.stem}.json"
+def make_double(tmp_path: Path, log, mode: str = "serve") -> tuple[Path, Path]:
+    """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
+    recorded log, or {backend: log} to replay the one of the backend asked for."""
+    stem = log.stem if isinstance(log, Path) else "by-backend"
+    record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(DOUBLE.format(python=sys.executable, log=str(log), mode=mode,
+    log = str(log) if isinstance(log, Path) else {k: str(v) for k, v in log.items()}
+    path.write_text(DOUBLE.format(python=sys.executable, log=log, mode=mode,
                                   record=str(record), nccl_lines=NCCL_INIT_LINES))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record

@@ -14,7 +14,8 @@ from lib import params, serve, serve_vllm
 from lib.door import Door
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
-from tests.test_serve_vllm import ALLGATHER_LOG, FIXTURES, listening, make_double
+from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_LOG, FIXTURES, listening, make_double,
+                                   nccl_site)
 
 pytestmark = [
     pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent"),
@@ -125,3 +126,48 @@ def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
     stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
     assert len(stopped) == 3 and all(g.status == "PASS" for g in stopped)
     assert all(g.observed["port_listening"] is False for g in stopped)
+
+
+def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
+    """05 with ab_backends: allgather_reducescatter and deepep_v2 side by side (each double
+    replays the real log of its backend), both traffic shapes, ratios per shape."""
+    double, _ = make_double(tmp_path, {"allgather_reducescatter": ALLGATHER_LOG,
+                                       "deepep_v2": DEEPEP_LOG})
+    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
+    for module in (serve_stage, sweep_stage, serving_ab):
+        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
+    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    run_dir, site = tmp_path / "run", str(nccl_site(tmp_path))
+    s04 = open_stage(run_dir, "04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    door = Door(run_dir, "05_sweep")
+    given = {k: v for k, v in SMALL.items() if k in params.STAGE_PARAMS["05_sweep"]}
+    given.update(ab_backends="allgather_reducescatter,deepep_v2", nccl_site=site, repeats=2,
+                 concurrency="2", prefill_input_tokens=64, prefill_output_tokens=4)
+    s05 = Stage("05_sweep", params.resolve("05_sweep", given), run_dir, door, None)
+    data = sweep_stage.run(s05)
+    s05.finish()
+    gates = {g.gate: g for g in s05.gates}
+    assert not [g for g in s05.gates if g.status == "FAIL"], \
+        [(g.gate, g.reason) for g in s05.gates if g.status == "FAIL"]
+    assert gates["deepep_v2: vllm_all2all_manager"].observed["constructed"] == \
+        ["DeepEPV2All2AllManager"]
+    assert gates["allgather_reducescatter: vllm_all2all_manager"].observed["constructed"] == \
+        ["AgRsAll2AllManager"]
+    frame = data["summary"]
+    assert sorted(set(frame["arm"])) == [
+        "vllm-allgather-reducescatter-decode", "vllm-allgather-reducescatter-prefill",
+        "vllm-deepep-v2-decode", "vllm-deepep-v2-prefill"]
+    ratios = data["ratios"]
+    assert [(r["shape"], r["b"], r["a"], r["n"]) for r in ratios] == [
+        ("decode", "deepep_v2", "allgather_reducescatter", 2),
+        ("prefill", "deepep_v2", "allgather_reducescatter", 2)]
+    # the prefill cells asked for the prefill shape's output length, and vLLM's counter agrees
+    prefill = [g for n, g in gates.items()
+               if "prefill" in n and n.endswith("vLLM counted the generated tokens")]
+    assert prefill and all(g.expected == f">= {3 * 4}" for g in prefill)
+    replay = Stage("05_sweep", params.resolve("05_sweep", given), run_dir,
+                   Door(run_dir, "05_sweep", replay=True), run_dir)
+    sweep_stage.run(replay)
+    replay.finish()

@@ -43,6 +43,15 @@ class Arm:
     slug: str  # as AIPerf's folders and the summary's `arm` column say it
     enforce_eager: bool
     expert_parallel: bool
+    backend: str | None = None  # None: the stage's all2all_backend
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A traffic shape: synthetic input tokens (mean) and forced output tokens per request."""
+    name: str
+    input_tokens: int
+    output_tokens: int
 
 
 BASELINE = Arm("eager+EP", "vllm-eager-ep", True, True)
@@ -55,25 +64,66 @@ CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_
                 "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
 
 
-def cell_order(repeats: int, concurrency: list[int]) -> list[tuple[int, int, Arm]]:
-    """(repeat, concurrency, arm): every arm at every level per repeat, the arms' order reversed
-    on even repeats (A B C, C B A, ...)."""
+def backend_arms(backends: list[str]) -> tuple[Arm, ...]:
+    """One eager EP arm per all-to-all backend (05's backend A/B)."""
+    return tuple(Arm(b, f"vllm-{b.replace('_', '-')}", True, True, b) for b in backends)
+
+
+def traffic_shapes(p: dict[str, Any], prefill: bool) -> tuple[Shape, ...]:
+    """The stage's own shape (decode-heavy by default), and the prefill-heavy one when asked:
+    the public review found the backend that wins flips with the shape."""
+    shapes = (Shape("decode", p["input_tokens"], p["output_tokens"]),)
+    if prefill:
+        shapes += (Shape("prefill", p["prefill_input_tokens"], p["prefill_output_tokens"]),)
+    return shapes
+
+
+def cell_order(repeats: int, concurrency: list[int], arms=ARMS,
+               shapes: tuple = (None,)) -> list[tuple]:
+    """(repeat, concurrency, arm[, shape]): every arm at every level (and shape) per repeat, the
+    arms' order reversed on even repeats (A B C, C B A, ...)."""
     order = []
     for r in range(1, repeats + 1):
-        arms = ARMS if r % 2 else tuple(reversed(ARMS))
-        order += [(r, c, arm) for c in concurrency for arm in arms]
+        ordered = arms if r % 2 else tuple(reversed(arms))
+        for shape in shapes:
+            order += [(r, c, arm) if shape is None else (r, c, arm, shape)
+                      for c in concurrency for arm in ordered]
     return order
 
 
-def run(stage: Stage) -> dict[str, Any]:
-    from lib.stages.sweep import upstream_problem
+def cell_arm(arm: Arm, shape: Shape, shapes: tuple) -> str:
+    """The summary's arm name of a cell: the arm's slug, plus the shape when there are several."""
+    return arm.slug if len(shapes) == 1 else f"{arm.slug}-{shape.name}"
 
+
+def run(stage: Stage) -> dict[str, Any]:
+    """06 with engine 'vllm': eager vs CUDA graphs, EP vs none, the decode shape."""
     p = stage.params
     stage.add(skip("EP_NUM_COMMS A/B (the kernel benchmark's K communicators)",
                    "engine 'vllm' measures the serving A/B; EP_NUM_COMMS is DeepEP's GIN lever, "
                    "off on one machine (EP_DISABLE_GIN=1); the torch analog is 06 with engine "
                    "'transformers'"))
     stage.add(skip("cluster arms", CLUSTER_ARMS))
+    return measure_arms(stage, ARMS, traffic_shapes(p, prefill=False), COMPARISONS,
+                        p["ab_repeats"], "throughput_ab.png")
+
+
+def run_backends(stage: Stage) -> dict[str, Any]:
+    """05 with ab_backends: the backends side by side (eager, EP), both traffic shapes."""
+    p = stage.params
+    backends = p["ab_backends"]
+    comparisons = tuple((b, backends[0]) for b in backends[1:])
+    return measure_arms(stage, backend_arms(backends), traffic_shapes(p, prefill=True),
+                        comparisons, p["repeats"], "throughput_backends.png")
+
+
+def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
+                 comparisons: tuple, repeats: int, plot_name: str) -> dict[str, Any]:
+    """Serve every arm side by side (one started at a time), then AIPerf cells interleaved over
+    arms, for every shape; gates, summary, ratios with intervals, one plot."""
+    from lib.stages.sweep import upstream_problem
+
+    p = stage.params
     problem = upstream_problem(stage)
     if problem:
         stage.add(skip("serving A/B", problem))
@@ -84,16 +134,17 @@ def run(stage: Stage) -> dict[str, Any]:
         stage.add(skip("serving A/B", "the model could not be built"))
         return {"serving_ab": True, "skipped": "the model could not be built"}
     gpus = cuda_device_count(stage.door)
-    order = cell_order(p["ab_repeats"], p["concurrency"])
-    print(f"serving A/B: {len(ARMS)} vLLM servers side by side on {gpus} GPUs, "
-          f"{len(order)} cells ({p['ab_repeats']} repeats x concurrency {p['concurrency']} x "
-          f"{len(ARMS)} arms), {p['request_count']} requests each", flush=True)
-    runs: dict[str, list] = {arm.slug: [] for arm in ARMS}
+    order = cell_order(repeats, p["concurrency"], arms, shapes)
+    print(f"serving A/B: {len(arms)} vLLM servers side by side on {gpus} GPUs, "
+          f"{len(order)} cells ({repeats} repeats x concurrency {p['concurrency']} x "
+          f"{len(arms)} arms x {len(shapes)} shape(s)), {p['request_count']} requests each",
+          flush=True)
+    runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
     servers: dict[str, Any] = {}
     with ExitStack() as stack:
-        for arm in ARMS:  # one at a time: each profiles its memory while the others are idle
+        for arm in arms:  # one at a time: each profiles its memory while the others are idle
             server = stack.enter_context(serve_vllm.vllm_server(
-                stage, model["model_dir"], gpus=gpus, backend=p["all2all_backend"],
+                stage, model["model_dir"], gpus=gpus, backend=arm.backend or p["all2all_backend"],
                 num_experts=model["num_experts"], enforce_eager=arm.enforce_eager,
                 nccl_site=p["nccl_site"] or None,
                 expert_parallel=arm.expert_parallel, timeout_s=p["server_timeout_s"],
@@ -104,53 +155,58 @@ def run(stage: Stage) -> dict[str, Any]:
         broken = {slug: reason for slug, s in servers.items()
                   if (reason := _server_problem(s))}
         broken.update({arm.slug: "not started: an earlier arm's server failed"
-                       for arm in ARMS if arm.slug not in servers})
+                       for arm in arms if arm.slug not in servers})
         if broken:
             reason = "; ".join(f"{slug}: {why}" for slug, why in broken.items())
             stage.add(skip("serving A/B", f"not measured: {reason}"))
             return {"serving_ab": True, "skipped": reason}
         mmap_dir = stage.path(sweep.MMAP_FOLDER)
         try:
-            for index, (repeat, concurrency, arm) in enumerate(order, 1):
+            for index, (repeat, concurrency, arm, shape) in enumerate(order, 1):
                 cell = sweep.Cell(repeat, concurrency)
-                server = servers[arm.slug]
-                before = sweep.scrape_metrics(stage, server, cell, f"{arm.slug}.before")
+                server, name = servers[arm.slug], cell_arm(arm, shape, shapes)
+                before = sweep.scrape_metrics(stage, server, cell, f"{name}.before")
                 r = sweep.run_cell(stage, server, cell, engine="vllm", mmap_dir=mmap_dir,
-                                   arm=arm.slug)
-                r.metrics = (before, sweep.scrape_metrics(stage, server, cell,
-                                                          f"{arm.slug}.after"))
-                runs[arm.slug].append(r)
-                row = sweep.read_cell_row(stage, cell, arm.slug, p["request_count"]).iloc[0]
-                print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}: AIPerf "
-                      f"exit {r.rc}, {_fmt(row['output_tps'])} output tok/s", flush=True)
+                                   arm=name, shape=(shape.input_tokens, shape.output_tokens))
+                r.metrics = (before, sweep.scrape_metrics(stage, server, cell, f"{name}.after"))
+                runs[(arm.slug, shape.name)].append(r)
+                row = sweep.read_cell_row(stage, cell, name, p["request_count"]).iloc[0]
+                print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}"
+                      f"{'' if len(shapes) == 1 else ', ' + shape.name}: AIPerf exit {r.rc}, "
+                      f"{_fmt(row['output_tps'])} output tok/s", flush=True)
         finally:
             stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
-    cells = sweep.plan_cells(p["concurrency"], p["ab_repeats"])
-    frame = pd.concat([sweep.summary_table(stage, cells, arm.slug, p["request_count"])
-                       for arm in ARMS], ignore_index=True)
+    cells = sweep.plan_cells(p["concurrency"], repeats)
+    frame = pd.concat([sweep.summary_table(stage, cells, cell_arm(arm, shape, shapes),
+                                           p["request_count"])
+                       for shape in shapes for arm in arms], ignore_index=True)
     summary_files = sweep.write_summary(stage, frame)
-    for arm in ARMS:
-        for r in runs[arm.slug]:
-            stage.add(sweep.exit_gate(r, arm.slug))
-        stage.add(*sweep.token_count_gates(runs[arm.slug], p["request_count"],
-                                           p["output_tokens"], arm.slug))
+    for shape in shapes:
+        for arm in arms:
+            name = cell_arm(arm, shape, shapes)
+            for r in runs[(arm.slug, shape.name)]:
+                stage.add(sweep.exit_gate(r, name))
+            stage.add(*sweep.token_count_gates(runs[(arm.slug, shape.name)],
+                                               p["request_count"], shape.output_tokens, name))
     stage.add(*sweep.cell_gates(frame))
     stage.add(sweep.warmup_gate(frame))
-    ratios = compare(frame, p["concurrency"], p["seed"])
+    ratios = compare(frame, p["concurrency"], p["seed"], arms, shapes, comparisons)
     ratio_file = stage.write_json("ratios.json", ratios)
     for row in ratios:
-        name = f"output tok/s {row['b']} / {row['a']} at c{row['concurrency']} with its interval"
+        where = f"c{row['concurrency']}" + ("" if len(shapes) == 1 else f", {row['shape']}")
+        name = f"output tok/s {row['b']} / {row['a']} at {where} with its interval"
         ok = row["n"] >= 2 and row["low"] is not None and row["low"] <= row["ratio"] <= row["high"]
         stage.add(gate(name, ok, [_r(row["ratio"]), _r(row["low"]), _r(row["high"])],
                        f"ratio, low, high over >= 2 paired repeats (scipy bootstrap)",
                        _verdict(row) if ok else f"only {row['n']} paired repeat(s) measured",
                        summary_files + [ratio_file]))
-    title = f"vLLM on {gpus} GPUs, {p['all2all_backend']}, {p['ab_repeats']} repeats per arm"
-    plot = sweep.save_png(stage, "throughput_ab.png", plot_arms(frame, title))
+    backends = sorted({arm.backend or p["all2all_backend"] for arm in arms})
+    title = f"vLLM on {gpus} GPUs, {', '.join(backends)}, {repeats} repeats per arm"
+    plot = sweep.save_png(stage, plot_name, plot_arms(frame, title))
     return {"serving_ab": True, "summary": frame, "ratios": ratios, "title": title,
-            "plots": [plot], "startup_s": {arm.name: servers[arm.slug].startup_s
-                                           for arm in ARMS},
-            "ready_s": {arm.name: servers[arm.slug].ready_s for arm in ARMS}}
+            "plots": [plot], "shapes": [s.__dict__ for s in shapes],
+            "startup_s": {arm.name: servers[arm.slug].startup_s for arm in arms},
+            "ready_s": {arm.name: servers[arm.slug].ready_s for arm in arms}}
 
 
 def _server_problem(server) -> str | None:
@@ -162,25 +218,32 @@ def _server_problem(server) -> str | None:
     return None
 
 
-def compare(frame: pd.DataFrame, concurrency: list[int], seed: int) -> list[dict]:
-    """Per comparison and concurrency: the paired ratio of output tok/s, repeat by repeat."""
-    slug = {arm.name: arm.slug for arm in ARMS}
+def compare(frame: pd.DataFrame, concurrency: list[int], seed: int, arms=ARMS,
+            shapes: tuple = (), comparisons=COMPARISONS) -> list[dict]:
+    """Per comparison, shape and concurrency: the paired ratio of output tok/s by repeat."""
+    by_name = {arm.name: arm for arm in arms}
+    shapes = shapes or (Shape("decode", 0, 0),)
     rows = []
-    for b, a in COMPARISONS:
-        for c in concurrency:
-            pick = lambda arm: (frame[(frame.arm == slug[arm]) & (frame.concurrency == c)]
-                                .sort_values("repeat")[["repeat", "output_tps"]].dropna())
-            va, vb = pick(a), pick(b)
-            both = va.merge(vb, on="repeat", suffixes=("_a", "_b"))
-            row = {"b": b, "a": a, "concurrency": c, "n": len(both),
-                   "a_tps": both["output_tps_a"].tolist(), "b_tps": both["output_tps_b"].tolist(),
-                   "ratio": None, "low": None, "high": None}
-            if len(both) >= 2:
-                result = stats.paired_ratio(both["output_tps_a"].tolist(),
-                                            both["output_tps_b"].tolist(), seed=seed)
-                row.update(ratio=result["ratio"], low=result["low"], high=result["high"],
-                           method=result.get("method"))
-            rows.append(row)
+    for shape in shapes:
+        for b, a in comparisons:
+            for c in concurrency:
+                def pick(arm_name):
+                    slug = cell_arm(by_name[arm_name], shape, shapes)
+                    return (frame[(frame.arm == slug) & (frame.concurrency == c)]
+                            .sort_values("repeat")[["repeat", "output_tps"]].dropna())
+                both = pick(a).merge(pick(b), on="repeat", suffixes=("_a", "_b"))
+                row = {"b": b, "a": a, "concurrency": c, "n": len(both),
+                       "a_tps": both["output_tps_a"].tolist(),
+                       "b_tps": both["output_tps_b"].tolist(),
+                       "ratio": None, "low": None, "high": None}
+                if len(shapes) > 1:
+                    row["shape"] = shape.name
+                if len(both) >= 2:
+                    result = stats.paired_ratio(both["output_tps_a"].tolist(),
+                                                both["output_tps_b"].tolist(), seed=seed)
+                    row.update(ratio=result["ratio"], low=result["low"], high=result["high"],
+                               method=result.get("method"))
+                rows.append(row)
     return rows
 
 
@@ -205,13 +268,13 @@ def plot_arms(frame: pd.DataFrame, title: str):
 
     fig = Figure(figsize=(6.5, 4), dpi=100)
     ax = fig.subplots()
-    for arm, color in zip(ARMS, ("tab:blue", "tab:orange", "tab:green")):
-        agg = sweep.by_concurrency(frame[frame.arm == arm.slug], "output_tps")
+    for arm in dict.fromkeys(frame["arm"]):  # in the summary's order
+        agg = sweep.by_concurrency(frame[frame.arm == arm], "output_tps")
         if agg.empty:
             continue
         ax.errorbar(agg["concurrency"], agg["mean"],
                     yerr=[agg["mean"] - agg["min"], agg["max"] - agg["mean"]],
-                    marker="o", capsize=4, color=color, label=f"{arm.name} (bars: min-max)")
+                    marker="o", capsize=4, label=f"{arm} (bars: min-max)")
     ax.set_xscale("log", base=2)
     levels = sorted(frame["concurrency"].dropna().astype(int).unique())
     ax.set_xticks(levels, [str(c) for c in levels])
@@ -224,7 +287,9 @@ def plot_arms(frame: pd.DataFrame, title: str):
 
 
 def ratio_table(ratios: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{"arm b / arm a": f"{r['b']} / {r['a']}", "concurrency": r["concurrency"],
+    return pd.DataFrame([{"arm b / arm a": f"{r['b']} / {r['a']}",
+                          **({"shape": r["shape"]} if "shape" in r else {}),
+                          "concurrency": r["concurrency"],
                           "paired repeats": r["n"], "ratio": _r(r["ratio"]), "low": _r(r["low"]),
                           "high": _r(r["high"])} for r in ratios])
 
@@ -240,7 +305,8 @@ def show(stage: Stage, data: dict[str, Any]):
     display(Image(data=sweep.figure_png(plot_arms(frame, data["title"])), format="png"))
     table = ratio_table(data["ratios"])
     for r in data["ratios"]:
-        key = "graphs" if r["b"].startswith("graphs") else "noep"
+        key = ("graphs" if r["b"].startswith("graphs") else "noep" if "no EP" in r["b"]
+               else r["b"]) + (f"_{r['shape']}" if "shape" in r else "")
         for part in ("ratio", "low", "high"):
             if r[part] is not None:
                 glue(f"ab_{key}_c{r['concurrency']}_{part}", _r(r[part]), display=False)

@@ -16,6 +16,9 @@ Artifacts in the stage folder::
 
 With engine 'vllm' the server is vLLM with 04's flags (lib.serve_vllm), measured only when its
 log proves the backend asked for; each cell also gates vLLM's own count of generated tokens.
+With ``ab_backends`` (e.g. allgather_reducescatter,deepep_v2) the stage is instead the backend
+A/B of lib.stages.serving_ab: one server per backend side by side, arms interleaved, the decode
+shape (input_tokens/output_tokens) and the prefill-heavy one (prefill_*_tokens).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from lib import serve, serve_vllm, sweep
+from lib.stages import serving_ab
 from lib.evidence import gate, skip
 from lib.hardware import cuda_device_count
 from lib.stage import Stage
@@ -62,6 +66,8 @@ def run(stage: Stage) -> dict[str, Any]:
         stage.add(*sweep.skip_cells(cells, engine, problem))
         return {"skipped": problem}
     engine = serve.resolve_engine(stage)
+    if engine == "vllm" and p["ab_backends"]:
+        return serving_ab.run_backends(stage)
     model, built = serve.build_model(stage, engine)
     stage.add(built)
     if model is None:
@@ -176,6 +182,8 @@ def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import Image, display
     from lib.glue import glue
 
+    if data.get("serving_ab"):
+        return serving_ab.show(stage, data)
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")
         return

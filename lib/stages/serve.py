@@ -54,21 +54,27 @@ def run(stage: Stage) -> dict[str, Any]:
         data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                     log=stage.rel(server.log_path))
         if server.ready:
-            listed, body = serve.models_gate(stage, server)
-            stage.add(listed)
-            if body is not None:
-                stage.write_json("models_response.json", body)
-            config, saved = serve.read_model_config(stage, model["model_dir"])
-            stage.add(serve.moe_gate(config, saved, data["model_dir"]))
-            chat, answer = serve.chat_gate(stage, server)
-            stage.add(chat)
-            stage.write_json("chat_response.json", answer["body"])
-            rss = serve.server_rss(stage.door, server)
-            data.update(config=config, chat=answer, rss_bytes=rss)
+            answers(stage, server, model, data)
+            data.update(rss_bytes=serve.server_rss(stage.door, server))
         else:
             stage.add(*serve.skip_gates(READY_GATES, "the server is not ready (see the gate "
                                                      "'server ready')"))
     return data
+
+
+def answers(stage: Stage, server, model: dict[str, Any], data: dict[str, Any]) -> None:
+    """What a ready server must answer, whatever the engine: /v1/models lists the model, its
+    config is an MoE, a chat request answers with content and usage."""
+    listed, body = serve.models_gate(stage, server)
+    stage.add(listed)
+    if body is not None:
+        stage.write_json("models_response.json", body)
+    config, saved = serve.read_model_config(stage, model["model_dir"])
+    stage.add(serve.moe_gate(config, saved, data["model_dir"]))
+    chat, answer = serve.chat_gate(stage, server)
+    stage.add(chat)
+    stage.write_json("chat_response.json", answer["body"])
+    data.update(config=config, chat=answer)
 
 
 def run_vllm(stage: Stage, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
@@ -87,16 +93,7 @@ def run_vllm(stage: Stage, model: dict[str, Any], data: dict[str, Any]) -> dict[
                     backend_gates=[g["gate"] + ": " + g["status"]
                                    for g in server.backend_gates])
         if server.ready:
-            listed, body = serve.models_gate(stage, server)
-            stage.add(listed)
-            if body is not None:
-                stage.write_json("models_response.json", body)
-            config, saved = serve.read_model_config(stage, model["model_dir"])
-            stage.add(serve.moe_gate(config, saved, data["model_dir"]))
-            chat, answer = serve.chat_gate(stage, server)
-            stage.add(chat)
-            stage.write_json("chat_response.json", answer["body"])
-            data.update(config=config, chat=answer)
+            answers(stage, server, model, data)
         else:
             stage.add(*serve.skip_gates(READY_GATES, "vLLM is not ready (see the gate 'server "
                                                      "ready')"))

@@ -88,9 +88,11 @@ def comparison_page(run_dir: Path) -> str:
         "The hardware differs unless a run says otherwise: the published figures are from 2x "
         "p5en (16 H200, EFA, DeepEP's own test_ep and vLLM). The runs here measured the "
         "kernel with this guide's torch benchmark (`lib.bench.moe_a2a`, the same shape and "
-        "meaning of its parameters, not DeepEP's kernels) and served through `transformers "
-        "serve`, so their kernel rows are a different implementation on different hardware "
-        "and their serving rows say \"not measured\". A ratio across them is shown for "
+        "meaning of its parameters, not DeepEP's kernels), and served either through "
+        "`transformers serve` (a tiny model: its serving rows are not comparable at all) or "
+        "through vLLM 0.24.0 on one machine's GPUs over NVLink (EP over 2 GPUs, not 16 over "
+        "EFA; a 2-layer random-weight model at the default model's per-layer shape, not the "
+        "full model), as each run's line below says. A ratio across them is shown for "
         "orientation, never as a result.\n",
     ]
     sources = published.reference_figures()[["hardware", "date", "source"]].drop_duplicates()
@@ -105,9 +107,29 @@ def comparison_page(run_dir: Path) -> str:
             "ratio": table["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
             "flag": table["flag"], "date": table["date"],
         })
-        out.append(f"## Run `{run.name}`\n\n{verification_level(record)}.\n")
+        out.append(f"## Run `{run.name}`\n\n{verification_level(record)}. "
+                   f"{run_setup(run)}\n")
         out.append(_md_table(table))
     return "\n".join(out)
+
+
+def run_setup(run_dir: Path) -> str:
+    """What a run measured with, from its evidence: the kernel implementation and the engine."""
+    run_dir = Path(run_dir)
+    parts = []
+    kernel = run_dir / "03_kernel_test" / "result.json"
+    if kernel.exists():
+        cfg = evidence.read_json(kernel).get("config", {})
+        parts.append(f"Kernel: the torch benchmark, {cfg.get('world_size')} ranks over "
+                     f"{cfg.get('backend')}.")
+    served = run_dir / "04_serve" / "vllm_serve.json"
+    if served.exists():
+        info = evidence.read_json(served)
+        parts.append(f"Serving: vLLM, EP over {info.get('gpus')} GPUs, "
+                     f"{info.get('backend')}, a 2-layer seeded model (not the published one).")
+    elif (run_dir / "04_serve" / "gates.json").exists():
+        parts.append("Serving: transformers serve, a tiny seeded model.")
+    return " ".join(parts)
 
 
 def run_figures(run_dir: Path) -> dict[str, float]:

@@ -93,3 +93,15 @@ def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
     summary = pd.read_csv(RESULTS / run_id / "05_sweep" / "summary.csv")
     for c, values in summary.groupby("concurrency")["output_tps"]:
         assert f"| {c} | {round(values.median(), 1)} |" in section
+
+
+def test_the_comparison_page_says_what_each_run_measured_with():
+    page = report.comparison_page(RESULTS / REFERENCE)
+    for run_id in [REFERENCE, *FURTHER]:
+        section = page.split(f"## Run `{run_id}`", 1)[1].split("\n## Run `", 1)[0]
+        setup = report.run_setup(RESULTS / run_id)
+        assert setup and setup in section
+    for run_id in VLLM_RUNS:
+        assert "Serving: vLLM, EP over 2 GPUs" in report.run_setup(RESULTS / run_id)
+    for run_id in KERNEL_RUNS:
+        assert "over nccl" in report.run_setup(RESULTS / run_id)

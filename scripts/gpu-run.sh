@@ -39,7 +39,8 @@ fi
 export PYTHONPATH="${SITES:+$SITES:}$site:$PWD"
 # AIPerf apart, as on the CPU machines: its own site folder, behind the same path the guide
 # calls (.venv-aiperf/bin/aiperf). No venv: python3 there is itself a venv, whose packages a
-# nested venv would not see.
+# nested venv would not see. torch hidden from it (scripts/aiperf_no_torch: AIPerf needs none,
+# and transformers importing the machine's CUDA torch cost ~20 s per cell there).
 aiperf_site=/tmp/aiperf-site
 if [[ ! -x .venv-aiperf/bin/aiperf ]]; then
   if [[ ! -d "$aiperf_site" ]]; then
@@ -49,7 +50,7 @@ if [[ ! -x .venv-aiperf/bin/aiperf ]]; then
   mkdir -p .venv-aiperf/bin
   cat > .venv-aiperf/bin/aiperf <<WRAPPER
 #!/bin/sh
-PYTHONPATH=$aiperf_site exec $(command -v python3) -c 'import sys; from aiperf.cli import app; sys.argv[0] = "aiperf"; sys.exit(app())' "\$@"
+PYTHONPATH=$PWD/scripts/aiperf_no_torch:$aiperf_site exec $(command -v python3) -c 'import sys; from aiperf.cli import app; sys.argv[0] = "aiperf"; sys.exit(app())' "\$@"
 WRAPPER
   chmod +x .venv-aiperf/bin/aiperf
 fi

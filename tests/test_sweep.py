@@ -225,3 +225,24 @@ def test_token_count_gates_fail_when_vllm_counted_less():
     unread = CellRun(Cell(1, 8), 0, False, 1.0, "", [], None)
     unread.metrics = ({"file": None, "status": 500, "generation_tokens": None},) * 2
     assert token_count_gates([unread], 48, 128, "vllm")[0].status == "FAIL"
+
+
+def test_the_aiperf_shim_hides_torch_from_transformers_tokenizers():
+    """scripts/aiperf_no_torch (gpu-run.sh's AIPerf wrapper): with torch installed (this venv
+    has the CPU build), transformers' tokenizer side imports without torch, and other packages
+    still import; without the shim the same import pulls torch in."""
+    import subprocess
+    import sys
+
+    from lib.door import REPO_ROOT
+
+    probe = ("import sys, importlib.util, numpy; from transformers import AutoTokenizer; "
+             "print('torch' in sys.modules, importlib.util.find_spec('torch') is None)")
+    shim = str(REPO_ROOT / "scripts" / "aiperf_no_torch")
+    env = {"PATH": "/usr/bin:/bin"}
+    hidden = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={**env, "PYTHONPATH": shim}, check=True)
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=env, check=True)
+    assert hidden.stdout.split() == ["False", "True"], hidden.stderr
+    assert plain.stdout.split() == ["True", "False"], plain.stderr

@@ -12,6 +12,8 @@
 # Left out to fit the 64 MiB a call may carry: FlashAttention-2's kernels (Hopper runs FA3:
 # vLLM 0.24.0 picks FA3 on compute capability 9 and imports FA2 optionally), the Rust front-end
 # binary (used only with VLLM_RUST_FRONTEND_PATH), console scripts (`python3 -m` runs vLLM).
+# Any folder packed the same way unpacks the same way (the NCCL/NVSHMEM site DeepEP is built
+# against, a DeepEP checkout with its fmt submodule): the script extracts what the archive holds.
 set -euo pipefail
 parts=${1:?folder of part.N files and sum.txt}
 dest=${2:?destination folder}
@@ -24,6 +26,8 @@ if [[ "$got" != "$want" ]]; then
   echo "vllm-site.sh: sha256 $got of the joined parts != $want in sum.txt" >&2
   exit 1
 fi
-tar -xJf "$dest/vllm-site.tar.xz" -C "$dest"
-rm -f "$dest/vllm-site.tar.xz"
-echo "vllm-site.sh: $dest/vllm-site ready (sha256 $want)"
+# the listing goes to a file, never through `| head` (SIGPIPE would fail tar under pipefail)
+tar -xvJf "$dest/vllm-site.tar.xz" -C "$dest" > "$dest/.unpacked.txt"
+top=$(head -n 1 "$dest/.unpacked.txt" | cut -d/ -f1)
+rm -f "$dest/vllm-site.tar.xz" "$dest/.unpacked.txt"
+echo "vllm-site.sh: $dest/$top ready (sha256 $want)"

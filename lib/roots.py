@@ -197,6 +197,16 @@ def _http_unreachable(result) -> str | None:
     return None
 
 
+def _unreachable_row(name: str, pin: dict, kind: str, shown: str, result, evidence) -> Row | None:
+    """The SKIP row of a request that got no answer for want of a network path (None: it got
+    one, or failed otherwise). Every HTTP-checked pin kind starts with it."""
+    unreachable = _http_unreachable(result)
+    if not unreachable:
+        return None
+    return _row(name, pin, kind, shown, resolved=None, status="SKIP",
+                reason=f"unreachable: {unreachable}", evidence=evidence)
+
+
 # ---- git ----------------------------------------------------------------------------------------
 def verify_git_commit(door, name: str, pin: dict, *, repo: str, commit: str, scratch: Path,
                       kind: str = "git-commit") -> Row:
@@ -391,10 +401,9 @@ def verify_url(door, name: str, pin: dict, *, url: str, size: int | None = None)
     kind = "url"
     result = _http(door, "HEAD", url)
     evidence = _evidence(door, result, "body")
-    unreachable = _http_unreachable(result)
-    if unreachable:
-        return _row(name, pin, kind, url, resolved=None, status="SKIP",
-                    reason=f"unreachable: {unreachable}", evidence=evidence)
+    skipped = _unreachable_row(name, pin, kind, url, result, evidence)
+    if skipped:
+        return skipped
     if result.status is None:
         return _row(name, pin, kind, url, resolved=None, status="FAIL",
                     reason=f"no answer: {result.error}", evidence=evidence)
@@ -424,10 +433,9 @@ def verify_patch(door, name: str, pin: dict, *, url: str, sha256: str) -> Row:
     shown = f"{url} sha256:{sha256}"
     result = _http(door, "GET", url)
     evidence = _evidence(door, result, "body")
-    unreachable = _http_unreachable(result)
-    if unreachable:
-        return _row(name, pin, kind, shown, resolved=None, status="SKIP",
-                    reason=f"unreachable: {unreachable}", evidence=evidence)
+    skipped = _unreachable_row(name, pin, kind, shown, result, evidence)
+    if skipped:
+        return skipped
     if result.status in (404, 410):
         return _row(name, pin, kind, shown, resolved=None, status="MISSING",
                     reason=f"HTTP {result.status}", evidence=evidence)
@@ -456,10 +464,9 @@ def verify_hf_revision(door, name: str, pin: dict, *, model: str, revision: str,
     url = f"{endpoint.rstrip('/')}/api/models/{model}/revision/{revision}"
     result = _http(door, "GET", url)
     evidence = _evidence(door, result, "body")
-    unreachable = _http_unreachable(result)
-    if unreachable:
-        return _row(name, pin, kind, shown, resolved=None, status="SKIP",
-                    reason=f"unreachable: {unreachable}", evidence=evidence)
+    skipped = _unreachable_row(name, pin, kind, shown, result, evidence)
+    if skipped:
+        return skipped
     if result.status in (401, 404):
         said = "repository absent, private or gated" if result.status == 401 else "not found"
         return _row(name, pin, kind, shown, resolved=None, status="MISSING",
@@ -556,10 +563,9 @@ def _image_row(conv: _Registry, name, pin, kind, shown, repository, reference, d
     start = len(conv.evidence)
     result, cannot = conv.head_manifest(repository, reference)
     evidence = conv.evidence[start:]
-    unreachable = _http_unreachable(result)
-    if unreachable:
-        return _row(name, pin, kind, shown, resolved=None, status="SKIP",
-                    reason=f"unreachable: {unreachable}", evidence=evidence)
+    skipped = _unreachable_row(name, pin, kind, shown, result, evidence)
+    if skipped:
+        return skipped
     if cannot:
         return _row(name, pin, kind, shown, resolved=None, status="SKIP", reason=cannot,
                     evidence=evidence)

@@ -150,7 +150,7 @@ class Door:
                 f"but the transcript holds only {len(self._script)} calls for this stage"
             )
         entry = self._script[index]
-        if entry["kind"] != kind or entry["key"] != key:
+        if entry["kind"] != kind or not _key_matches(entry["key"], key):
             raise ReplayMismatch(
                 f"replay: stage {self.stage} call #{index} differs:\n"
                 f"  the code asks for  {kind} {key!r}\n"
@@ -367,6 +367,27 @@ class Door:
         value = self.norm(str(found)) if found else None
         self._record("which", program, value=value)
         return value
+
+
+# ---- replay -------------------------------------------------------------------------------------
+def _key_matches(recorded: Any, live: Any) -> bool:
+    """Does the transcript's key answer the key the code asks for now?
+
+    Equal keys match. Besides, in an argv (a list of strings) of the same length, a recorded
+    element that is exactly the redaction mask matches any live element: runs recorded before
+    redact_argv stopped over-masking (`--num-tokens [REDACTED]`, now `--num-tokens 128`) hold
+    the mask where the value was. The value was lost from the recording, so a masked position
+    cannot be checked; this is no weaker than what the recording proves, and live secrets are
+    masked the same way before comparing, so they match anyway. Every other element, and every
+    key that is not a list of strings, must be equal.
+    """
+    if recorded == live:
+        return True
+    if not (isinstance(recorded, list) and isinstance(live, list) and len(recorded) == len(live)):
+        return False
+    if not all(isinstance(x, str) for x in (*recorded, *live)):
+        return False
+    return all(r == lv or r == redaction.MASK for r, lv in zip(recorded, live))
 
 
 # ---- helpers that touch the world (record mode only) -------------------------------------------

@@ -28,8 +28,13 @@ TOKEN_SHAPES = [
 ]
 # The value after a secret-named flag (`--hf-token X`, `--api-key=X`) or key (`HF_TOKEN=X`,
 # `"access_token": "X"`, `password: X`). The name must END with the secret word, so
-# `num_tokens=128`, `max_new_tokens` or `--use-server-token-count` are left alone.
-_SECRET_WORD = r"[\w-]*(?:token|secret|password|passwd|api[-_]?key)"
+# `num_tokens=128`, `max_new_tokens`, `--tokenizer` or `--use-server-token-count` are left alone.
+# One list, used both by SECRET_FLAG (flags inside text) and by redact_argv (argv elements).
+_SECRET_WORDS = ("token", "secret", "password", "passwd", "passphrase", "api[-_]?key",
+                 "access[-_]?key", "secret[-_]?key", "credentials?", "auth")
+_SECRET_WORD = rf"[\w-]*(?:{'|'.join(_SECRET_WORDS)})"
+# A whole flag name (dashes stripped) that is secret: `token`, `hf-token`, `aws_secret_access_key`.
+SECRET_FLAG_NAME = re.compile(rf"(?i){_SECRET_WORD}")
 # Keys are narrower than flags: data is full of keys like "time_to_first_token".
 _SECRET_KEY_NAME = (r"(?:[\w-]*(?:secret|password|passwd|api[-_]?key)|token|[\w-]*(?:access|auth|"
                     r"hf|refresh|session|id|bearer|api|github|gh|aws)[-_]?token)")
@@ -44,6 +49,14 @@ MIN_SECRET_LEN = 6  # shorter values ("1", "yes") would shred unrelated text
 
 def is_secret_name(name: str) -> bool:
     return name not in NOT_SECRET_NAMES and bool(SECRET_NAME.search(name))
+
+
+def is_secret_flag(arg: str) -> bool:
+    """`--hf-token`, `--api-key`, `--aws-secret-access-key`: a flag whose name ENDS with a secret
+    word (case-insensitive, `-` and `_` alike). `--num-tokens`, `--tokenizer`, `--max-tokens`,
+    `--use-server-token-count` or `--keyfile` are not: their values are evidence."""
+    return (arg.startswith("-") and "=" not in arg
+            and bool(SECRET_FLAG_NAME.fullmatch(arg.lstrip("-"))))
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -66,16 +79,17 @@ def redact(text: str, extra_values: list[str] | None = None) -> str:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
+    """Every element through redact(); besides, the element after a secret flag is masked whole
+    (`--hf-token X`). A next element that is itself a long flag (`--no-auth --port 8000`) is a
+    flag, not the value, and is kept. `--flag=value` forms are handled by redact()'s SECRET_FLAG."""
     out: list[str] = []
     mask_next = False
     for arg in argv:
-        if mask_next:
+        if mask_next and not arg.startswith("--"):
             out.append(MASK)
             mask_next = False
             continue
-        flag = arg.lstrip("-")
-        if arg.startswith("-") and "=" not in arg and is_secret_name(flag.replace("-", "_")):
-            mask_next = True
+        mask_next = is_secret_flag(arg)
         out.append(redact(arg))
     return out
 

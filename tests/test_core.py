@@ -101,6 +101,46 @@ def test_secret_named_env_values_are_masked_anywhere(monkeypatch):
                                                                      "PATH": "/bin"}
 
 
+@pytest.mark.parametrize("flag", [
+    "--token", "--hf-token", "--HF_TOKEN", "--api-key", "--apikey", "--api_key", "--password",
+    "--passwd", "--passphrase", "--aws-secret-access-key", "--secret-key", "--client-secret",
+    "--credentials", "--credential", "--auth", "-token", "--authtoken",
+])
+def test_argv_value_after_a_secret_flag_is_masked(flag):
+    assert redact.redact_argv(["serve", flag, "plain-value-42", "--port", "8000"]) == [
+        "serve", flag, "[REDACTED]", "--port", "8000"]
+
+
+@pytest.mark.parametrize("flag", [
+    "--num-tokens", "--tokenizer", "--max-tokens", "--cb-max-batch-tokens",
+    "--synthetic-input-tokens-mean", "--output-tokens-mean", "--keyfile", "--token-count",
+    "--auth-mode", "--secret-name-prefix",
+])
+def test_argv_value_after_a_flag_merely_containing_a_secret_word_is_kept(flag):
+    argv = ["aiperf", flag, "128", "--tokenizer-trust-remote-code"]
+    assert redact.redact_argv(argv) == argv
+
+
+def test_argv_boolean_flag_then_flag_keeps_both():
+    argv = ["aiperf", "--use-server-token-count", "--num-tokens", "128"]
+    assert redact.redact_argv(argv) == argv
+    assert redact.redact_argv(["serve", "--no-auth", "--port", "8000"]) == [
+        "serve", "--no-auth", "--port", "8000"]
+
+
+def test_argv_token_after_a_non_secret_flag_is_still_masked_by_shape_and_value(monkeypatch):
+    assert redact.redact_argv(["--num-tokens", "hf_abcdefghijklmnop"]) == ["--num-tokens",
+                                                                          "[REDACTED]"]
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "correct-horse-battery")
+    assert redact.redact_argv(["--tokenizer", "correct-horse-battery"]) == ["--tokenizer",
+                                                                           "[REDACTED]"]
+
+
+def test_argv_flag_equals_value_goes_through_redact():
+    assert redact.redact_argv(["--hf-token=abcdefgh12345", "--num-tokens=128"]) == [
+        "--hf-token=[REDACTED]", "--num-tokens=128"]
+
+
 @pytest.mark.parametrize("text", [
     "NCCL_DEBUG=INFO dispatch 14.8 us, 128 tokens, key-value cache of 128 blocks",
     "--num-tokens 128 --use-server-token-count --output-tokens-mean 16",

@@ -100,6 +100,35 @@ def test_replay_mismatch_names_the_call(run_dir, tmp_path):
     assert "call #1" in str(err.value) and "'TWO'" in str(err.value) and "'two'" in str(err.value)
 
 
+def _record_with_masked_value(run_dir):
+    """A run recorded before redact_argv stopped masking `--num-tokens VALUE`."""
+    Door(run_dir, "s").run(["echo", "--num-tokens", "128", "done"], timeout=5)
+    transcript = run_dir / "transcript.jsonl"
+    entry = json.loads(transcript.read_text())
+    assert entry["key"] == ["echo", "--num-tokens", "128", "done"]  # recorded unmasked now
+    entry["key"] = ["echo", "--num-tokens", "[REDACTED]", "done"]
+    transcript.write_text(json.dumps(entry) + "\n")
+
+
+def test_replay_accepts_a_masked_value_of_an_older_recording(run_dir, tmp_path):
+    _record_with_masked_value(run_dir)
+    replay = replay_copy(run_dir, tmp_path)
+    result = replay.run(["echo", "--num-tokens", "128", "done"], timeout=5)
+    assert result.stdout == "--num-tokens 128 done\n"
+    assert replay.remaining() == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["echo", "--num-tokens", "128", "DIFFERENT"],    # an unmasked element differs
+    ["echo", "--max-tokens", "128", "done"],         # the flag before the mask differs
+    ["echo", "--num-tokens", "128", "done", "more"],  # a different length
+])
+def test_replay_with_a_masked_value_still_detects_real_differences(run_dir, tmp_path, argv):
+    _record_with_masked_value(run_dir)
+    with pytest.raises(ReplayMismatch, match="differs"):
+        replay_copy(run_dir, tmp_path).run(argv, timeout=5)
+
+
 def test_replay_detects_an_edited_transcript(run_dir, tmp_path):
     Door(run_dir, "s").run(["echo", "one"], timeout=5)
     transcript = run_dir / "transcript.jsonl"

@@ -99,6 +99,95 @@ def test_two_rank_run_is_correct_and_complete(run_k1):
     assert all(g["status"] == PASS for g in gates.values()), gates
 
 
+def test_nccl_loaded_recorded_per_rank_and_on_top(run_k1, run_k4):
+    """gloo on a CPU-only torch maps no libnccl*: an empty list (not null: /proc/self/maps was
+    read), no build version without CUDA, the same on both ranks."""
+    for proc, res in (run_k1, run_k4):
+        assert res is not None, explain(proc)
+        top = res["nccl_loaded"]
+        assert set(top) == {"libraries", "torch_build_version", "same_on_every_rank", "source"}
+        assert top["same_on_every_rank"] is True
+        assert "/proc/self/maps" in top["source"]
+        for r in res["ranks"]:
+            assert set(r["nccl_loaded"]) == {"libraries", "torch_build_version"}
+            assert r["nccl_loaded"] == {"libraries": top["libraries"],
+                                        "torch_build_version": top["torch_build_version"]}
+        if not torch.cuda.is_available():
+            assert top["torch_build_version"] is None
+        if torch.version.cuda is None:  # CPU-only torch: no NCCL anywhere in the process
+            assert top["libraries"] == []
+        elif sys.platform.startswith("linux"):  # a CUDA wheel links libnccl.so.2, even under gloo
+            assert isinstance(top["libraries"], list)
+
+
+MAPS_SAMPLE = """55d0c8a00000-55d0c8a21000 r--p 00000000 08:01 5501 /usr/bin/python3.12
+55d0ca1f2000-55d0ca3b4000 rw-p 00000000 00:00 0                          [heap]
+7f1c28000000-7f1c28021000 rw-p 00000000 00:00 0
+7f1c29000000-7f1c29800000 r--p 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9
+7f1c2a000000-7f1c2b000000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9
+7f1c2b000000-7f1c2b100000 rw-p 01000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9
+7f1c2c000000-7f1c2c200000 r-xp 00000000 08:01 4321 /opt/site/nvidia/nccl/lib/libnccl-net.so
+7f1c2d000000-7f1c2d200000 r-xp 00000000 08:01 777 /opt/my site/libnccl.so.2 (deleted)
+7f1c2e000000-7f1c2e200000 r-xp 00000000 08:01 778 /usr/lib/x86_64-linux-gnu/libnccl_static_helper.so
+7f1c2f000000-7f1c2f200000 r-xp 00000000 08:01 779 /opt/libnccl/lib/libtorch_cuda.so
+7f1c30000000-7f1c30200000 r-xp 00000000 08:01 780 /usr/lib/x86_64-linux-gnu/libnvrtc.so.12
+7ffd1b5e0000-7ffd1b601000 rw-p 00000000 00:00 0                          [stack]
+7ffd1b7f2000-7ffd1b7f4000 r-xp 00000000 00:00 0                          [vdso]
+"""
+
+
+def test_nccl_libraries_from_maps():
+    """Every mapped file whose BASENAME starts with libnccl (the library and plugins such as
+    libnccl-net.so), once each, sorted; anonymous lines, pseudo-paths and a libnccl folder
+    holding another library are not counted; a path with spaces and (deleted) stays whole."""
+    assert moe_a2a.nccl_libraries_from_maps(MAPS_SAMPLE) == [
+        "/opt/my site/libnccl.so.2 (deleted)",
+        "/opt/site/nvidia/nccl/lib/libnccl-net.so",
+        "/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9",
+        "/usr/lib/x86_64-linux-gnu/libnccl_static_helper.so",
+    ]
+    assert moe_a2a.nccl_libraries_from_maps("") == []
+    assert moe_a2a.nccl_libraries_from_maps("7f1c28000000-7f1c28021000 rw-p 00000000 00:00 0\n") == []
+
+
+def test_nccl_loaded_reads_a_maps_file_and_tolerates_none(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS_SAMPLE)
+    got = moe_a2a.nccl_loaded(str(maps))
+    assert got["libraries"] == moe_a2a.nccl_libraries_from_maps(MAPS_SAMPLE)
+    assert got["torch_build_version"] == moe_a2a.torch_nccl_build_version()
+    # no /proc (not Linux): null, never a crash
+    assert moe_a2a.nccl_loaded(str(tmp_path / "absent"))["libraries"] is None
+    if not torch.cuda.is_available():
+        assert moe_a2a.torch_nccl_build_version() is None
+
+
+def test_aggregate_nccl_loaded():
+    a = {"libraries": ["/x/libnccl.so.2"], "torch_build_version": "2.28.9"}
+    b = {"libraries": ["/x/libnccl-net.so", "/x/libnccl.so.2"], "torch_build_version": "2.28.9"}
+    agg = moe_a2a.aggregate_nccl_loaded([a, a])
+    assert (agg["libraries"], agg["torch_build_version"], agg["same_on_every_rank"]) == \
+        (["/x/libnccl.so.2"], "2.28.9", True)
+    agg = moe_a2a.aggregate_nccl_loaded([a, b])
+    assert agg["libraries"] == ["/x/libnccl-net.so", "/x/libnccl.so.2"] and agg["same_on_every_rank"] is False
+    unread = {"libraries": None, "torch_build_version": None}
+    agg = moe_a2a.aggregate_nccl_loaded([unread, unread])
+    assert agg["libraries"] is None and agg["same_on_every_rank"] is True
+    agg = moe_a2a.aggregate_nccl_loaded([a, None])  # a rank without the field
+    assert agg["libraries"] == ["/x/libnccl.so.2"] and agg["same_on_every_rank"] is False
+
+
+def test_old_results_without_nccl_loaded_still_gate_and_tabulate(run_k1):
+    """The field is optional when reading: a result written before it existed gates the same."""
+    proc, res = run_k1
+    old = json.loads(json.dumps(res))
+    del old["nccl_loaded"]
+    for r in old["ranks"]:
+        del r["nccl_loaded"]
+    assert gates_from_result(old, proc.returncode, proc.stderr) == gates_from_result(res, proc.returncode, proc.stderr)
+    assert summary_rows(old) == summary_rows(res)
+
+
 def test_bytes_match_an_independent_count(run_k1):
     """One copy per (token, destination rank), counted here with Python sets from the same
     seeded routing; combine returns what each rank received."""
@@ -326,6 +415,12 @@ def test_gpu_nccl_bf16_small(tmp_path, num_comms):
     assert res["phases_us"]["dispatch_combine"]["method"] == "cuda_graph_back_to_back"
     assert res["phases_us_per_call"]["dispatch_combine"]["method"] == "cuda_graph_per_call"
     assert res["phases_us"]["dispatch_combine_uncached"]["method"] == "cuda_events_back_to_back"
+    # the NCCL actually mapped (not just torch's build-time version) is on record
+    nl = res["nccl_loaded"]
+    assert nl["torch_build_version"] and nl["same_on_every_rank"] is True
+    assert isinstance(nl["libraries"], list)
+    assert all(Path(p.removesuffix(" (deleted)")).name.startswith("libnccl") for p in nl["libraries"])
+    print("nccl_loaded:", nl)
 
 
 @pytest.mark.gpu

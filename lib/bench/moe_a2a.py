@@ -66,6 +66,20 @@ Output
 Rank 0 prints one progress line per phase, writes ``--out`` (JSON, schema in ``result.py``'s
 docstring and below) and ends with one line
 ``RESULT dc_p50_us=... floor_p50_us=... ratio=... gbps_per_rank=...``.
+
+Which NCCL moved the bytes: ``torch.cuda.nccl.version()`` reports only the NCCL torch was built
+against, while a site folder first on PYTHONPATH or an LD_PRELOAD of another ``libnccl.so.2`` can
+put a different library under the same collectives. So each rank reads ``/proc/self/maps`` after
+the process group is initialised and its first collectives have run (NCCL is loaded by then) and
+records ``ranks[i].nccl_loaded = {libraries, torch_build_version}``: ``libraries`` the sorted
+paths of the mapped files whose basename starts with ``libnccl`` (the library and any plugin,
+``libnccl-net.so`` included), ``None`` where the maps cannot be read (not Linux);
+``torch_build_version`` the build-time version as a string (``"2.28.9"``) when CUDA is available,
+else ``None``. The top level holds ``nccl_loaded = {libraries (the union over ranks),
+torch_build_version (rank 0's), same_on_every_rank, source}``. On CPU with gloo and a CPU-only
+torch the list is empty: gloo loads no NCCL. (A CUDA torch wheel normally links ``libnccl.so.2``
+dynamically, so there it is listed even under gloo; an empty list on a NCCL run means NCCL came
+linked into another library, as in a torch built with static NCCL.)
 Exit codes: 0 ok; 2 bad arguments (refused before any process group starts); 4 this rank's
 correctness check failed (after the JSON is written); 3 the ``--crash-rank`` test path.
 
@@ -614,6 +628,71 @@ def check_output(out: torch.Tensor, ref: torch.Tensor, exact: bool) -> tuple[boo
         return False, err, how
 
 
+# ----------------------------------------------------------------------------- NCCL evidence
+PROC_MAPS = "/proc/self/maps"
+NCCL_PREFIX = "libnccl"
+_DELETED = " (deleted)"
+
+
+def nccl_libraries_from_maps(text: str) -> list[str]:
+    """The sorted, distinct paths of the mapped files in ``/proc/<pid>/maps`` text whose basename
+    starts with ``libnccl``: the NCCL library itself (``libnccl.so.2``, ``libnccl.so.2.28.9``) and
+    its plugins (``libnccl-net.so``, ``libnccl-tuner.so``...), so a net plugin shows too. Lines
+    without a path (anonymous mappings) and pseudo-paths (``[heap]``, ``[vdso]``) are skipped; a
+    path is kept as written (a `` (deleted)`` suffix, file replaced on disk, stays visible)."""
+    found: set[str] = set()
+    for line in (text or "").splitlines():
+        # address perms offset dev inode [path]; the path may itself contain spaces
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].strip()
+        if not path.startswith("/"):
+            continue
+        name = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+        if os.path.basename(name).startswith(NCCL_PREFIX):
+            found.add(path)
+    return sorted(found)
+
+
+def torch_nccl_build_version() -> str | None:
+    """``torch.cuda.nccl.version()`` as ``"2.28.9"`` when CUDA is available, else None. This is
+    the NCCL torch was BUILT against, not necessarily the one loaded (see ``nccl_loaded``)."""
+    try:
+        if not torch.cuda.is_available():
+            return None
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a torch without NCCL support: unknown, never a crash
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
+
+
+def nccl_loaded(maps_path: str = PROC_MAPS) -> dict:
+    """This process's NCCL evidence: {libraries: the libnccl* files mapped now (None where
+    ``maps_path`` cannot be read, e.g. not Linux), torch_build_version}. Call it after the
+    process group is initialised and a collective has run, so that NCCL is loaded."""
+    try:
+        libraries = nccl_libraries_from_maps(Path(maps_path).read_text(errors="replace"))
+    except OSError:
+        libraries = None
+    return {"libraries": libraries, "torch_build_version": torch_nccl_build_version()}
+
+
+def aggregate_nccl_loaded(per_rank: list[dict | None]) -> dict:
+    """Every rank's ``nccl_loaded`` -> {libraries: sorted union over the ranks that could read
+    their maps (None when none could), torch_build_version: rank 0's, same_on_every_rank: every
+    rank reported the same libraries and build version}."""
+    entries = [e or {"libraries": None, "torch_build_version": None} for e in per_rank]
+    readable = [e["libraries"] for e in entries if e.get("libraries") is not None]
+    libraries = sorted({p for libs in readable for p in libs}) if readable else None
+    keys = {(None if e.get("libraries") is None else tuple(e["libraries"]), e.get("torch_build_version"))
+            for e in entries}
+    return {"libraries": libraries,
+            "torch_build_version": entries[0].get("torch_build_version") if entries else None,
+            "same_on_every_rank": len(keys) <= 1,
+            "source": f"{PROC_MAPS} of each rank after init_process_group and the first collectives"}
+
+
 # ----------------------------------------------------------------------------- aggregation
 def aggregate(cfg: Config, ranks: list[dict]) -> dict:
     """The rank-0 summary from every rank's result (pure)."""
@@ -633,6 +712,7 @@ def aggregate(cfg: Config, ranks: list[dict]) -> dict:
     res["gbps_per_rank"] = (res["bytes_per_rank_mean"] / (dc * 1e-6) / 1e9) if dc else None
     res["dc_over_floor"] = (dc / floor["p50"]) if dc and floor["p50"] else None
     res["correct"] = bool(ranks) and all(r["correct"] for r in ranks)
+    res["nccl_loaded"] = aggregate_nccl_loaded([r.get("nccl_loaded") for r in ranks])
     return res
 
 
@@ -676,6 +756,9 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
     out = moe.combine()
     ok1, err1, how = check_output(out, ref, exact)
     recv_snapshot = moe.recv_buf.clone()
+    # which NCCL actually moves the bytes: read now, after the process group's first collectives
+    # (layout, dispatch and combine on every one of the K groups) have loaded it
+    loaded = nccl_loaded()
     log(f"correctness (before timing): {'ok' if ok1 else 'FAILED'} on rank 0, max_abs_err={err1:.3g}, {how}",
         rank=rank)
 
@@ -729,6 +812,7 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
         "check": {"method": how, **checks},
         "methods": methods,
         "samples_us": samples,
+        "nccl_loaded": loaded,
     }
     result["phases_us"] = {p: stats(samples[p], methods[p]["method"]) for p in PHASES if p != "floor"}
     result["floor_us"] = stats(samples["floor"], methods["floor"]["method"])

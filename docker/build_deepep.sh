@@ -39,7 +39,10 @@
 #   4. exactly one deep_ep/_C*.so results;
 #   5. `import deep_ep; deep_ep.ElasticBuffer` with LD_PRELOAD=<site>/nvidia/nccl/lib/libnccl.so.2
 #      (torch otherwise loads its own older NCCL first and DeepEP built for 2.30.4 segfaults, or
-#      deep_ep's own check refuses the duplicate NCCL).
+#      deep_ep's own check refuses the duplicate NCCL) and PYTHONPATH=<site>:<src>: the site
+#      first, or the machine's own NVSHMEM (3.4.5 beside the H200 image's torch) is the one found
+#      and deep_ep/_C fails with "undefined symbol: nvshmem_selected_device_transport" (measured
+#      2026-11-30; lib.transport.deepep_pythonpath is the same order for test_ep and vLLM).
 # Counts use a draining `grep -c` on a file, never `grep -q` after a pipe (SIGPIPE under pipefail).
 set -euo pipefail
 
@@ -233,7 +236,7 @@ import_env=(
   "LD_PRELOAD=${NCCL_LIB}${LD_PRELOAD:+:${LD_PRELOAD}}"
   "EP_NCCL_ROOT_DIR=${NCCL_ROOT}" "NCCL_DIR=${NCCL_ROOT}"
   "EP_NVSHMEM_ROOT_DIR=${NVSHMEM_ROOT}" "NVSHMEM_DIR=${NVSHMEM_ROOT}"
-  "PYTHONPATH=${SRC}${PYTHONPATH:+:${PYTHONPATH}}"
+  "PYTHONPATH=${SITE}:${SRC}${PYTHONPATH:+:${PYTHONPATH}}"
 )
 probe='import deep_ep
 print("deep_ep", deep_ep.__file__, "version", getattr(deep_ep, "__version__", "?"))

@@ -33,7 +33,7 @@ from lib.door import REPO_ROOT
 from lib.evidence import gate, skip
 from lib.params import ParameterError
 from lib.testep import PHASES, first_case, parse_test_ep_text
-from lib.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env
+from lib.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, deepep_pythonpath, transport_env
 from lib.vllm_logs import efa_provider_per_rank
 
 BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
@@ -203,7 +203,8 @@ def _check_extra(extra: list[str], flags: Mapping[str, str]) -> list[str]:
 
 
 def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int, transport: str,
-                nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH
+                nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH,
+                deepep_dir: str | Path | None = None, inherited_pythonpath: str | None = None
                 ) -> dict[str, str]:
     """The environment of the one test_ep process on node ``node_rank`` of ``nodes``.
 
@@ -216,6 +217,9 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
     one it finds there). ``NCCL_DEBUG=INFO`` with INIT,NET,ENV: NCCL's per-rank init lines and,
     on EFA, the plugin's "Selected provider is efa" per process are the per-rank evidence.
     The transport's variables that must be absent: ``lib.transport.unset_vars(transport)``.
+    ``deepep_dir``: a DeepEP built in place (a GPU machine, not the image, where deep_ep is
+    installed): PYTHONPATH = ``lib.transport.deepep_pythonpath(nccl_site, deepep_dir,
+    inherited_pythonpath)``; it needs ``nccl_site``.
     """
     _positive_int("nodes", nodes)
     if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
@@ -248,6 +252,11 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
         env["EP_NCCL_ROOT_DIR"] = root
         env["NCCL_DIR"] = root
     env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
+    if deepep_dir is not None:
+        if not nccl_site:
+            raise ParameterError("nccl_site", nccl_site, "the site DeepEP at deepep_dir was built "
+                                 "against (nvidia-nccl-cu13 2.30.4, nvidia-nvshmem-cu13 3.6.5)")
+        env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
     return env
 
 

@@ -146,7 +146,8 @@ _PARAMS = [
     # DeepEP itself on a GPU machine (local): 03 runs its test_ep beside the torch benchmark
     Param("deepep_dir", "'' (none) or the path of a DeepEP checkout built in place "
           "(docker/build_deepep.sh)", _text, {"*": ""},
-          "DeepEP to run tests/elastic/test_ep.py from (local, 2+ GPUs)"),
+          "DeepEP built on this machine (local, 2+ GPUs): 03 runs its tests/elastic/test_ep.py, "
+          "vLLM's deepep_* backends import it"),
     Param("nccl_site", "'' (none) or a site-packages folder holding nvidia-nccl-cu13 2.30.4",
           _text, {"*": ""}, "the NCCL DeepEP was built for, preloaded intranode (lib.transport)"),
     Param("test_ep_tokens", "a list of integers >= 1, e.g. '128,512,4096'", _int_list,
@@ -199,7 +200,8 @@ PARAMS = {p.name: p for p in _PARAMS}
 
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
           "namespace")
-SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site")
+SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
+         "deepep_dir")
 TRAFFIC = ("concurrency", "request_count", "warmup_requests", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
@@ -269,6 +271,12 @@ def _check_together(p: dict[str, Any]) -> None:
                                  f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
                                  f"the backend {backend!r} (DeepEP on PYTHONPATH, built for "
                                  "that NCCL)")
+        if (p.get("context") == "local" and p.get("engine") == "vllm"
+                and backend.startswith("deepep") and not p.get("deepep_dir")):
+            raise ParameterError("deepep_dir", p.get("deepep_dir"),
+                                 f"the path of DeepEP built on this machine "
+                                 f"(docker/build_deepep.sh) with the backend {backend!r}: "
+                                 "vLLM imports deep_ep from it")
     if p.get("ab_backends") and p.get("engine") == "transformers":
         raise ParameterError("ab_backends", p["ab_backends"],
                              "'' with engine 'transformers' (it has no all-to-all backend)")

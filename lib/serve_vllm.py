@@ -26,6 +26,7 @@ process left, port closed); ``stage.on_exit`` holds a backstop.
 """
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -118,7 +119,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
                 ep_num_comms: int = 1,
                 expert_parallel: bool = True, gate_prefix: str = "",
-                log_name: str = LOG_NAME) -> Iterator[VllmServer]:
+                log_name: str = LOG_NAME,
+                deepep_dir: str | Path | None = None) -> Iterator[VllmServer]:
     """Serve model_dir with vLLM on this machine's `gpus` GPUs for the duration of the block.
 
     Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (with
@@ -127,7 +129,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     init (a per-rank source beside the rank-0-only lines); `server stopped`. ``gate_prefix``
     names the gates of one server among several ("graphs+EP: server ready"). Yields the server
     even when it is not ready (server.ready False). ``nccl_site``: the site-packages holding NCCL
-    2.30.4 (the intranode transport preloads it for DeepEP).
+    2.30.4 (the intranode transport preloads it for DeepEP); ``deepep_dir``: DeepEP built in
+    place here, put on the server's PYTHONPATH with the site (``lib.transport.deepep_pythonpath``).
     """
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 2:
         raise ParameterError("gpus", gpus, "an integer >= 2 (expert parallelism over this "
@@ -142,7 +145,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                            gpu_memory_utilization=gpu_memory_utilization,
                            ep_num_comms=ep_num_comms, transport=TRANSPORT, nccl_site=nccl_site,
                            num_experts=num_experts, python=python or PYTHON,
-                           expert_parallel=expert_parallel)
+                           expert_parallel=expert_parallel, deepep_dir=deepep_dir,
+                           inherited_pythonpath=os.environ.get("PYTHONPATH"))
     log_path = stage.path(log_name)
     server = VllmServer(str(model_dir), port, log_path, device="cuda", backend=backend,
                         gpus=gpus, argv=argv, env=env)

@@ -155,6 +155,26 @@ def nccl_preload(nccl_site: str | Path) -> str:
     return str(Path(nccl_site) / NCCL_LIB_IN_SITE)
 
 
+def deepep_pythonpath(nccl_site: str | Path, deepep_dir: str | Path,
+                      inherited: str | None = None) -> str:
+    """PYTHONPATH of a process that imports a DeepEP built in place (docker/build_deepep.sh) at
+    ``deepep_dir`` against the wheels installed in ``nccl_site``, on a machine whose torch brings
+    its own NCCL and NVSHMEM: the site first, then the checkout, then ``inherited``.
+
+    The site comes first because the NVSHMEM library is found through the ``nvidia`` packages on
+    sys.path: with the machine's nvidia-nvshmem-cu13 3.4.5 found first, importing deep_ep fails
+    with "undefined symbol: nvshmem_selected_device_transport" (DeepEP built for 3.6.5; measured
+    on the H200 machine 2026-11-30, results/gpu-2xh200-deepep-20261130b.notes.md). The checkout
+    is on the path because an in-place build installs nothing. The NCCL library is preloaded
+    besides (``nccl_preload``), as measured.
+    """
+    for name, value in (("nccl_site", nccl_site), ("deepep_dir", deepep_dir)):
+        if value is None or str(value).strip() == "":
+            raise ParameterError(name, value, "a folder path (see lib.params)")
+    parts = [str(nccl_site), str(deepep_dir)] + ([inherited] if inherited else [])
+    return ":".join(parts)
+
+
 def transport_env(name: str, *, nccl_site: str | Path | None = None,
                   plugin_path: str = DEFAULT_PLUGIN_PATH) -> dict[str, str]:
     """The variables to set for transport ``name`` ('efa' or 'intranode_nvlink').

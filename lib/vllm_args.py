@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Mapping
 
 from lib.params import ParameterError
-from lib.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env, unset_vars
+from lib.transport import (DEFAULT_PLUGIN_PATH, TRANSPORTS, deepep_pythonpath, transport_env,
+                           unset_vars)
 
 ROLES = ("leader", "worker", "local")
 
@@ -138,8 +139,13 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
                ep_num_comms: int = 1, transport: str = "efa", nccl_site: str | Path | None = None,
                extra_env: Mapping[str, str] | None = None, num_experts: int | None = None,
                python: str | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
-               expert_parallel: bool = True) -> tuple[list[str], dict[str, str]]:
+               expert_parallel: bool = True, deepep_dir: str | Path | None = None,
+               inherited_pythonpath: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and env (variables to set) for one vLLM serve process.
+
+    ``deepep_dir`` (role 'local' only; the image has deep_ep installed): a DeepEP built in place
+    on this machine, put on PYTHONPATH behind ``nccl_site`` and before ``inherited_pythonpath``
+    (``lib.transport.deepep_pythonpath``).
 
     The variables to unset are ``lib.transport.unset_vars(transport)``; ``apply_transport``
     applies both to a base environment.
@@ -208,6 +214,14 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
 
     env = vllm_env(backend=backend, ep_num_comms=ep_num_comms, transport=transport,
                    nccl_site=nccl_site, plugin_path=plugin_path, extra_env=extra_env)
+    if deepep_dir is not None:
+        if role != "local":
+            raise ParameterError("deepep_dir", deepep_dir,
+                                 f"None on role {role!r}: the image has deep_ep installed")
+        if not nccl_site:
+            raise ParameterError("nccl_site", nccl_site, "the site DeepEP at deepep_dir was "
+                                 "built against (nvidia-nccl-cu13 2.30.4)")
+        env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
 
     program = [python, "-m", CLI_MODULE, "serve"] if python else ["vllm", "serve"]
     argv = program + [model]

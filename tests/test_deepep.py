@@ -224,7 +224,8 @@ def test_the_build_runs_setup_py_keeps_the_whole_log_and_imports_with_nccl_prelo
             f"EP_NVSHMEM_ROOT_DIR={nvshmem} NVSHMEM_DIR={nvshmem}") in text
     assert "nvcc line 1\n" in text and "nvcc line 100\n" in text  # whole
     assert f"probe LD_PRELOAD={nccl}/lib/libnccl.so.2" in text
-    assert f"PYTHONPATH={src.resolve()}" in text
+    # the site first (the pinned NVSHMEM is found there), then the in-place build
+    assert f"PYTHONPATH={site.resolve()}:{src.resolve()}" in text
     # the unversioned names setup.py at b306af06 links (-l:libnccl.so, -l:libnvshmem_host.so)
     assert os.readlink(nccl / "lib" / "libnccl.so") == "libnccl.so.2"
     assert os.readlink(nvshmem / "lib" / "libnvshmem_host.so") == "libnvshmem_host.so.3"
@@ -359,11 +360,24 @@ def test_test_ep_env_intranode_exact():
     assert not set(env) & set(unset_vars("intranode_nvlink"))
 
 
+def test_test_ep_env_with_an_in_place_build_puts_the_site_then_the_checkout_on_pythonpath():
+    env = deepep.test_ep_env(nodes=1, node_rank=0, master_addr="127.0.0.1", rdzv_port=29511,
+                             transport="intranode_nvlink", nccl_site="/w/site",
+                             deepep_dir="/w/DeepEP", inherited_pythonpath="/w/guide-site:/w/repo")
+    assert env["PYTHONPATH"] == "/w/site:/w/DeepEP:/w/guide-site:/w/repo"
+    without = deepep.test_ep_env(nodes=1, node_rank=0, master_addr="127.0.0.1", rdzv_port=29511,
+                                 transport="intranode_nvlink", nccl_site="/w/site",
+                                 deepep_dir="/w/DeepEP")
+    assert without["PYTHONPATH"] == "/w/site:/w/DeepEP"
+
+
 @pytest.mark.parametrize("change, name", [
     ({"node_rank": 2}, "node_rank"), ({"nodes": 0}, "nodes"), ({"rdzv_port": 70000}, "rdzv_port"),
     ({"master_addr": ""}, "master_addr"), ({"transport": "tcp"}, "transport"),
     ({"transport": "intranode_nvlink", "nccl_site": "/s"}, "nodes"),
     ({"transport": "intranode_nvlink", "nodes": 1, "node_rank": 0}, "nccl_site"),
+    ({"deepep_dir": "/w/DeepEP"}, "nccl_site"),
+    ({"deepep_dir": "", "nccl_site": "/s"}, "deepep_dir"),
 ])
 def test_test_ep_env_refuses(change, name):
     kwargs = dict(nodes=2, node_rank=1, master_addr="n0", rdzv_port=29650, transport="efa",

@@ -23,12 +23,14 @@ FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / 
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent")
 
 TEST_EP = r'''import os, sys
+import deep_ep  # as DeepEP's own test does: from the in-place build, through PYTHONPATH
 args = sys.argv[1:]
 tokens = args[args.index("--num-tokens") + 1]
 assert "--skip-check" not in args
 with open(os.environ["RECORD"], "a") as fh:
     fh.write(" ".join(args) + " | " + os.environ.get("EP_DISABLE_GIN", "") + " | "
-             + os.environ.get("LD_PRELOAD", "") + "\n")
+             + os.environ.get("LD_PRELOAD", "") + " | " + deep_ep.__file__ + " | "
+             + os.environ.get("PYTHONPATH", "") + "\n")
 path = os.path.join({fixtures!r}, f"test_ep_{{tokens}}tok_h7168_top8_e256.log")
 if not os.path.exists(path):
     print("RuntimeError: CUDA error: an illegal memory access", file=sys.stderr)
@@ -41,6 +43,9 @@ def fake_deepep(tmp_path: Path) -> Path:
     root = tmp_path / "DeepEP"
     (root / "tests" / "elastic").mkdir(parents=True)
     (root / "tests" / "elastic" / "test_ep.py").write_text(TEST_EP.format(fixtures=str(FIXTURES)))
+    # deep_ep is not installed anywhere: only the stage's PYTHONPATH can make it importable
+    (root / "deep_ep").mkdir()
+    (root / "deep_ep" / "__init__.py").write_text("")
     return root
 
 
@@ -79,6 +84,11 @@ def test_test_ep_per_token_count_beside_the_torch_benchmark(tmp_path, monkeypatc
     assert all("--test-first-only" in c and "--num-processes 2" in c for c in calls)
     assert all(c.split(" | ")[1] == "1" for c in calls)  # EP_DISABLE_GIN=1
     assert all(c.split(" | ")[2] == str(site / "nvidia/nccl/lib/libnccl.so.2") for c in calls)
+    # deep_ep imported from the checkout, the NCCL/NVSHMEM site first on the path (the order
+    # that loads the pinned NVSHMEM: results/gpu-2xh200-deepep-20261130b.notes.md)
+    deepep_dir = tmp_path / "DeepEP"
+    assert all(c.split(" | ")[3] == str(deepep_dir / "deep_ep" / "__init__.py") for c in calls)
+    assert all(c.split(" | ")[4].split(":")[:2] == [str(site), str(deepep_dir)] for c in calls)
 
 
 def test_a_crashing_test_ep_fails_its_gates(tmp_path, monkeypatch):
@@ -96,3 +106,18 @@ def test_a_crashing_test_ep_fails_its_gates(tmp_path, monkeypatch):
 def test_deepep_needs_its_nccl_site_before_anything_runs():
     with pytest.raises(ParameterError, match="'nccl_site'.*deepep_dir"):
         params.resolve("03_kernel_test", {"deepep_dir": "/opt/DeepEP"})
+
+
+@pytest.mark.parametrize("stage, given", [
+    ("04_serve", {"all2all_backend": "deepep_v2"}),
+    ("05_sweep", {"ab_backends": "allgather_reducescatter,deepep_v2"}),
+    ("06_multicomm", {"all2all_backend": "deepep_v2"}),
+])
+def test_vllm_deepep_backends_need_the_deepep_build_before_anything_runs(stage, given):
+    """vLLM's deepep_* backends import deep_ep: on the local context that is DeepEP built in
+    place here, so deepep_dir is required up front (not a worker's ImportError after minutes)."""
+    given = {**given, "engine": "vllm", "nccl_site": "/w/site"}
+    with pytest.raises(ParameterError, match="'deepep_dir'.*vLLM imports deep_ep"):
+        params.resolve(stage, given)
+    resolved = params.resolve(stage, {**given, "deepep_dir": "/w/DeepEP"})
+    assert resolved["deepep_dir"] == "/w/DeepEP"

@@ -176,6 +176,23 @@ def test_without_expert_parallelism_only_locally_and_without_a_backend():
         vllm_serve("local", model="/m", dp_size=2, dp_size_local=2, expert_parallel="no")
 
 
+def test_an_in_place_deepep_build_goes_on_pythonpath_behind_its_site_only_locally():
+    _, env = vllm_serve("local", model="/m", backend="deepep_v2", dp_size=2, dp_size_local=2,
+                        transport="intranode_nvlink", nccl_site="/w/site", deepep_dir="/w/DeepEP",
+                        inherited_pythonpath="/w/vllm-site:/w/repo")
+    assert env["PYTHONPATH"] == "/w/site:/w/DeepEP:/w/vllm-site:/w/repo"
+    assert env["LD_PRELOAD"] == "/w/site/nvidia/nccl/lib/libnccl.so.2"
+    _, plain = vllm_serve("local", model="/m", dp_size=2, dp_size_local=2,
+                          transport="intranode_nvlink")
+    assert "PYTHONPATH" not in plain  # nothing built here: the inherited path stays as it is
+    with pytest.raises(ParameterError, match="'deepep_dir'.*installed"):
+        vllm_serve("leader", model="/m", dp_size=16, dp_size_local=8, dp_address="10.0.0.1",
+                   dp_rpc_port=13345, nccl_site="/w/site", deepep_dir="/w/DeepEP")
+    with pytest.raises(ParameterError, match="'nccl_site'"):
+        vllm_serve("local", model="/m", dp_size=2, dp_size_local=2,
+                   transport="intranode_nvlink", deepep_dir="/w/DeepEP")
+
+
 def test_params_all2all_backends_are_vllm_args_backends():
     from lib import params
     from lib.vllm_args import BACKENDS

@@ -143,7 +143,9 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
     s04.finish()
     door = Door(run_dir, "05_sweep")
     given = {k: v for k, v in SMALL.items() if k in params.STAGE_PARAMS["05_sweep"]}
+    deepep_dir = str(tmp_path / "DeepEP")
     given.update(ab_backends="allgather_reducescatter,deepep_v2", nccl_site=site, repeats=2,
+                 deepep_dir=deepep_dir,
                  concurrency="2", prefill_input_tokens=64, prefill_output_tokens=4)
     s05 = Stage("05_sweep", params.resolve("05_sweep", given), run_dir, door, None)
     data = sweep_stage.run(s05)
@@ -155,6 +157,11 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
         ["DeepEPV2All2AllManager"]
     assert gates["allgather_reducescatter: vllm_all2all_manager"].observed["constructed"] == \
         ["AgRsAll2AllManager"]
+    # both arms' servers start with the same libraries: the site, then the DeepEP build
+    starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
+              if '"kind": "start"' in line and '"stage": "05_sweep"' in line]
+    assert len(starts) == 2
+    assert all(e["env"]["PYTHONPATH"].split(":")[:2] == [site, deepep_dir] for e in starts)
     frame = data["summary"]
     assert sorted(set(frame["arm"])) == [
         "vllm-allgather-reducescatter-decode", "vllm-allgather-reducescatter-prefill",

@@ -8,6 +8,7 @@ of ``test_ep_tokens``, with the torch benchmark and its NCCL floor at the same s
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from pathlib import Path
@@ -103,7 +104,8 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
                                num_experts=cfg["num_experts"])
     env = deepep.test_ep_env(nodes=1, node_rank=0, master_addr="127.0.0.1",
                              rdzv_port=stage.door.free_port(), transport=TEST_EP_TRANSPORT,
-                             nccl_site=stage["nccl_site"])
+                             nccl_site=stage["nccl_site"], deepep_dir=stage["deepep_dir"],
+                             inherited_pythonpath=os.environ.get("PYTHONPATH"))
     call = stage.door.run(argv, timeout=TEST_EP_TIMEOUT_S, env=env, check=False)
     streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
                f"calls/{stage.name}/{call.seq:04d}.stderr"]

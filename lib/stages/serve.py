@@ -86,6 +86,7 @@ def run_vllm(stage: Stage, model: dict[str, Any], data: dict[str, Any]) -> dict[
     with serve_vllm.vllm_server(stage, model["model_dir"], gpus=gpus, backend=backend,
                                 num_experts=model["num_experts"],
                                 nccl_site=stage["nccl_site"] or None,
+                                deepep_dir=stage["deepep_dir"] or None,
                                 timeout_s=stage["server_timeout_s"]) as server:
         data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                     log=stage.rel(server.log_path), startup_s=server.startup_s,

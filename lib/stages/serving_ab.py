@@ -146,7 +146,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             server = stack.enter_context(serve_vllm.vllm_server(
                 stage, model["model_dir"], gpus=gpus, backend=arm.backend or p["all2all_backend"],
                 num_experts=model["num_experts"], enforce_eager=arm.enforce_eager,
-                nccl_site=p["nccl_site"] or None,
+                nccl_site=p["nccl_site"] or None, deepep_dir=p["deepep_dir"] or None,
                 expert_parallel=arm.expert_parallel, timeout_s=p["server_timeout_s"],
                 gate_prefix=arm.name, log_name=f"{arm.slug}.log"))
             servers[arm.slug] = server

@@ -114,6 +114,7 @@ def server_for(stage: Stage, model: dict[str, Any], engine: str):
                                       backend=stage["all2all_backend"],
                                       num_experts=model["num_experts"],
                                       nccl_site=stage["nccl_site"] or None,
+                                      deepep_dir=stage["deepep_dir"] or None,
                                       timeout_s=stage["server_timeout_s"])
     return serve.local_server(stage, model["model_dir"], timeout_s=stage["server_timeout_s"])
 

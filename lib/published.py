@@ -38,6 +38,11 @@ _SERVING = {
 }
 _MICROBENCH = (("test_ep dispatch p50", 185.4), ("test_ep combine p50", 258.2),
                ("test_ep D+C p50", 443.6))
+# The published test_ep ran at 128 tokens per rank (ANCHORS.md section 1, the torchrun wrapper's
+# namespace: num_tokens=128 hidden=7168 num_topk=8 num_experts=256).
+MICROBENCH_TOKENS = 128
+# lib.stages.kernel names each DeepEP test_ep gate "test_ep <tokens> tokens: <gate>".
+_TEST_EP_DC_GATE = "test_ep {tokens} tokens: dispatch+combine p50 recorded"
 
 
 def serving_figure_name(arm: str, concurrency: int, metric: str) -> str:
@@ -83,6 +88,22 @@ def figures_from_microbench(phases_us: Mapping[str, Any], dc_p50_us: float | Non
     if dc_p50_us is not None:
         figures["test_ep D+C p50"] = float(dc_p50_us)
     return figures
+
+
+def figures_from_test_ep_gates(gates: list[Mapping[str, Any]],
+                               tokens: int = MICROBENCH_TOKENS) -> dict[str, float]:
+    """DeepEP's own test_ep figures at the published token count, from 03's gates (their
+    observed dispatch, combine and D+C p50 of the first case); {} when that gate did not PASS
+    or is absent (a run without DeepEP)."""
+    name = _TEST_EP_DC_GATE.format(tokens=tokens)
+    for g in gates:
+        observed = g.get("observed") or {}
+        if g.get("gate") == name and g.get("status") == "PASS" \
+                and observed.get("num_tokens") == tokens:
+            return {"test_ep dispatch p50": float(observed["dispatch_p50_us"]),
+                    "test_ep combine p50": float(observed["combine_p50_us"]),
+                    "test_ep D+C p50": float(observed["dc_p50_us"])}
+    return {}
 
 
 def _as_mapping(run_figures: pd.DataFrame | Mapping[str, float]) -> dict[str, float]:

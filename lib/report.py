@@ -88,7 +88,10 @@ def comparison_page(run_dir: Path) -> str:
         "The hardware differs unless a run says otherwise: the published figures are from 2x "
         "p5en (16 H200, EFA, DeepEP's own test_ep and vLLM). The runs here measured the "
         "kernel with this guide's torch benchmark (`lib.bench.moe_a2a`, the same shape and "
-        "meaning of its parameters, not DeepEP's kernels), and served either through "
+        "meaning of its parameters, not DeepEP's kernels) or, where a run's line says so, with "
+        "DeepEP V2's own test_ep: the same kernels and shape, but EP2 over one machine's NVLink "
+        "with GIN off, against EP16 across two nodes over EFA, so its kernel figures are "
+        "expected to be far lower; they served either through "
         "`transformers serve` (a tiny model: its serving rows are not comparable at all) or "
         "through vLLM 0.24.0 on one machine's GPUs over NVLink (EP over 2 GPUs, not 16 over "
         "EFA; a 2-layer random-weight model at the default model's per-layer shape, not the "
@@ -120,8 +123,13 @@ def run_setup(run_dir: Path) -> str:
     kernel = run_dir / "03_kernel_test" / "result.json"
     if kernel.exists():
         cfg = evidence.read_json(kernel).get("config", {})
-        parts.append(f"Kernel: the torch benchmark, {cfg.get('world_size')} ranks over "
-                     f"{cfg.get('backend')}.")
+        if _deepep_figures(run_dir):
+            parts.append(f"Kernel: DeepEP's own test_ep (EP{cfg.get('world_size')} over NVLink "
+                         "on one machine, GIN off), its figures in the table; the torch "
+                         "benchmark beside it.")
+        else:
+            parts.append(f"Kernel: the torch benchmark, {cfg.get('world_size')} ranks over "
+                         f"{cfg.get('backend')}.")
     served = run_dir / "04_serve" / "vllm_serve.json"
     if served.exists():
         info = evidence.read_json(served)
@@ -145,10 +153,19 @@ def run_figures(run_dir: Path) -> dict[str, float]:
             figures.update(published.figures_from_microbench(
                 {name: stats for name, stats in phases.items()},
                 (phases.get("dispatch_combine") or {}).get("p50")))
+    # DeepEP's own kernels, where the run has them, are what the published figures measured
+    figures.update(_deepep_figures(run_dir))
     summary = Path(run_dir) / "05_sweep" / "summary.csv"
     if summary.exists():
         figures.update(published.figures_from_summary(pd.read_csv(summary)))
     return figures
+
+
+def _deepep_figures(run_dir: Path) -> dict[str, float]:
+    from lib import published
+
+    gates = Path(run_dir) / "03_kernel_test" / "gates.json"
+    return published.figures_from_test_ep_gates(evidence.read_json(gates)) if gates.exists() else {}
 
 
 REPLAYED_LIST = "REPLAYED"  # results/REPLAYED: notebooks of further reference runs nbval replays

@@ -24,6 +24,8 @@
 # scripts/vllm-site.sh; engine '' then picks vLLM on 2+ GPUs), or the pinned transformers when the
 # machine's own is older (its 5.17.0 lists only the Hugging Face cache at /v1/models, not the
 # model it serves). Named SITES, not VLLM_*: vLLM warns about every unknown VLLM_ variable.
+# DeepEP built in place needs no SITES entry: pass `-p deepep_dir DIR -p nccl_site SITE` and the
+# stages put SITE, then DIR, on the PYTHONPATH of test_ep and of vLLM (lib.transport).
 # Extra arguments after STAGES are passed to the runner (e.g. -p engine transformers).
 set -euo pipefail
 run_id=${1:?run id}

@@ -265,13 +265,14 @@ def _check_together(p: dict[str, Any]) -> None:
                              "deepep_dir is given: DeepEP built for it segfaults on torch's "
                              "own NCCL unless it is preloaded")
     for backend in [p.get("all2all_backend") or "", *(p.get("ab_backends") or [])]:
-        if (p.get("context") == "local" and p.get("engine") == "vllm"
+        # engine '' picks vLLM on a GPU machine at run time: only 'transformers' rules vLLM out
+        if (p.get("context") == "local" and p.get("engine") != "transformers"
                 and backend.startswith("deepep") and not p.get("nccl_site")):
             raise ParameterError("nccl_site", p.get("nccl_site"),
                                  f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
                                  f"the backend {backend!r} (DeepEP on PYTHONPATH, built for "
                                  "that NCCL)")
-        if (p.get("context") == "local" and p.get("engine") == "vllm"
+        if (p.get("context") == "local" and p.get("engine") != "transformers"
                 and backend.startswith("deepep") and not p.get("deepep_dir")):
             raise ParameterError("deepep_dir", p.get("deepep_dir"),
                                  f"the path of DeepEP built on this machine "

@@ -119,5 +119,8 @@ def test_vllm_deepep_backends_need_the_deepep_build_before_anything_runs(stage, 
     given = {**given, "engine": "vllm", "nccl_site": "/w/site"}
     with pytest.raises(ParameterError, match="'deepep_dir'.*vLLM imports deep_ep"):
         params.resolve(stage, given)
+    # engine '' becomes vLLM on a GPU machine only at run time: refused up front as well
+    with pytest.raises(ParameterError, match="'deepep_dir'"):
+        params.resolve(stage, {**given, "engine": ""})
     resolved = params.resolve(stage, {**given, "deepep_dir": "/w/DeepEP"})
     assert resolved["deepep_dir"] == "/w/DeepEP"

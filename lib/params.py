@@ -264,20 +264,20 @@ def _check_together(p: dict[str, Any]) -> None:
                              "a site-packages folder holding nvidia-nccl-cu13 2.30.4 whenever "
                              "deepep_dir is given: DeepEP built for it segfaults on torch's "
                              "own NCCL unless it is preloaded")
+    # A deepep_* backend served by vLLM on local needs DeepEP built here and the NCCL it was built
+    # for. engine '' picks vLLM on a GPU machine at run time: only 'transformers' rules vLLM out.
+    deepep_needs = (("nccl_site", "a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
+                                  "the backend {backend!r} (DeepEP on PYTHONPATH, built for that "
+                                  "NCCL)"),
+                    ("deepep_dir", "the path of DeepEP built on this machine "
+                                   "(docker/build_deepep.sh) with the backend {backend!r}: vLLM "
+                                   "imports deep_ep from it"))
     for backend in [p.get("all2all_backend") or "", *(p.get("ab_backends") or [])]:
-        # engine '' picks vLLM on a GPU machine at run time: only 'transformers' rules vLLM out
         if (p.get("context") == "local" and p.get("engine") != "transformers"
-                and backend.startswith("deepep") and not p.get("nccl_site")):
-            raise ParameterError("nccl_site", p.get("nccl_site"),
-                                 f"a site-packages folder holding nvidia-nccl-cu13 2.30.4 with "
-                                 f"the backend {backend!r} (DeepEP on PYTHONPATH, built for "
-                                 "that NCCL)")
-        if (p.get("context") == "local" and p.get("engine") != "transformers"
-                and backend.startswith("deepep") and not p.get("deepep_dir")):
-            raise ParameterError("deepep_dir", p.get("deepep_dir"),
-                                 f"the path of DeepEP built on this machine "
-                                 f"(docker/build_deepep.sh) with the backend {backend!r}: "
-                                 "vLLM imports deep_ep from it")
+                and backend.startswith("deepep")):
+            for name, allowed in deepep_needs:
+                if not p.get(name):
+                    raise ParameterError(name, p.get(name), allowed.format(backend=backend))
     if p.get("ab_backends") and p.get("engine") == "transformers":
         raise ParameterError("ab_backends", p["ab_backends"],
                              "'' with engine 'transformers' (it has no all-to-all backend)")

@@ -46,6 +46,18 @@ def statuses(stage) -> dict:
     return {g.gate: g.status for g in stage.gates}
 
 
+def run_without_fail(run_dir: Path, name: str, run) -> tuple[Stage, dict, dict]:
+    """Stage `name` recorded through `run`, sealed; no gate FAILED (the failures are the message).
+    Returns (the stage, its data, its gate statuses)."""
+    stage = open_stage(run_dir, name)
+    data = run(stage)
+    stage.finish()
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status == "FAIL"]
+    return stage, data, got
+
+
 def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     run_dir = two_gpus(tmp_path, monkeypatch, "serve")
     s04 = open_stage(run_dir, "04_serve")
@@ -63,12 +75,7 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     assert saved["argv"][saved["argv"].index("--all2all-backend") + 1] == \
         "allgather_reducescatter"
 
-    s05 = open_stage(run_dir, "05_sweep")
-    data = sweep_stage.run(s05)
-    s05.finish()
-    got = statuses(s05)
-    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
-        [(g.gate, g.reason) for g in s05.gates if g.status == "FAIL"]
+    s05, data, got = run_without_fail(run_dir, "05_sweep", sweep_stage.run)
     counted = [g for g in s05.gates if g.gate.endswith("vLLM counted the generated tokens")]
     assert len(counted) == 6 and all(g.status == "PASS" for g in counted)
     assert all(g.observed >= 3 * 8 for g in counted)
@@ -76,12 +83,7 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     assert (run_dir / "05_sweep" / "metrics" / "repeat_1" / "c1.before.prom").exists()
     assert got["server resident memory under 1.5 GiB"] == "SKIP"
 
-    s06 = open_stage(run_dir, "06_multicomm")
-    data = lever.run(s06)
-    s06.finish()
-    got = statuses(s06)
-    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
-        [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
+    s06, data, got = run_without_fail(run_dir, "06_multicomm", lever.run)
     assert got["eager+EP: vllm_compile_mode"] == "PASS"
     assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
     assert got["EP_NUM_COMMS A/B (the kernel benchmark's K communicators)"] == "SKIP"

@@ -217,7 +217,8 @@ def vllm_sections(run_dir: Path) -> list[str]:
     summary_path = Path(run_dir) / "05_sweep" / "summary.csv"
     if serve_path.exists() and summary_path.exists():
         frame = pd.read_csv(summary_path)
-        table = (frame.groupby("concurrency")["output_tps"]
+        # per arm: a backend A/B's summary holds one arm per backend and traffic shape
+        table = (frame.groupby(["arm", "concurrency"])["output_tps"]
                  .agg(["median", "min", "max", "count"]).round(1).reset_index()
                  .rename(columns={"median": "output tok/s (median)", "count": "repeats"}))
         out.append("\n### vLLM sweep (05)\n")
@@ -242,8 +243,14 @@ def ratio_rows(rows: list[dict]) -> pd.DataFrame:
         "arm b / arm a": f"{r['b']} / {r['a']}", **({"shape": r["shape"]} if "shape" in r else {}),
         "concurrency": r["concurrency"], "paired repeats": r["n"],
         "ratio": None if r["ratio"] is None else round(r["ratio"], 3),
-        "95% interval": None if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}"}
+        "95% interval": None if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}",
+        # the repeats themselves: with three, an interval is coarse and they are what to read
+        "arm a, each repeat": _each(r.get("a_tps")), "arm b, each repeat": _each(r.get("b_tps"))}
         for r in rows])
+
+
+def _each(values: list[float] | None) -> str:
+    return ", ".join(f"{v:.0f}" for v in values or [])
 
 
 def reference_runs_page(results: Path) -> str:

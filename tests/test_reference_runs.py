@@ -95,8 +95,12 @@ def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
     served = evidence.read_json(RESULTS / run_id / "04_serve" / "vllm_serve.json")
     assert f"ready after {served['ready_s']} s" in section
     summary = pd.read_csv(RESULTS / run_id / "05_sweep" / "summary.csv")
-    for c, values in summary.groupby("concurrency")["output_tps"]:
-        assert f"| {c} | {round(values.median(), 1)} |" in section
+    for (arm, c), values in summary.groupby(["arm", "concurrency"])["output_tps"]:
+        assert f"| {arm} | {c} | {round(values.median(), 1)} |" in section
+    ratios_path = RESULTS / run_id / "05_sweep" / "ratios.json"
+    for r in evidence.read_json(ratios_path) if ratios_path.exists() else []:
+        each = ", ".join(f"{v:.0f}" for v in r["b_tps"])  # the repeats, not only the interval
+        assert f"| {r['shape']} | {r['concurrency']} | {r['n']} | " in section and each in section
 
 
 def test_the_comparison_page_says_what_each_run_measured_with():

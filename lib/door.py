@@ -103,6 +103,11 @@ class Background:
     log_path: Path
     seq: int
     _running: Any = field(default=None, repr=False)
+    # The variables set over the inherited environment, as the transcript holds them (paths
+    # normalised, secrets masked): in replay, what the recorded process was started with, so an
+    # artifact that reports it does not depend on the replaying machine's environment. None when
+    # a transcript older than this field is replayed.
+    env: dict[str, str] | None = None
 
 
 class Door:
@@ -231,7 +236,7 @@ class Door:
         log_path = Path(log_path)
         if self.replay:
             entry = self._next("start", key)
-            return Background(key, entry["pid"], log_path, entry["seq"])
+            return Background(key, entry["pid"], log_path, entry["seq"], env=entry.get("env"))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         seq = self._seq
         try:
@@ -243,14 +248,14 @@ class Door:
             pid, error = running.pid, None
         except sh.CommandNotFound as exc:
             running, pid, error = None, -1, f"command not found: {exc}"
+        recorded_env = redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()})
         self._record(
-            "start", key, pid=pid, error=error, log=self.norm(str(log_path)),
-            env=redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()}),
+            "start", key, pid=pid, error=error, log=self.norm(str(log_path)), env=recorded_env,
             cwd=self.norm(str(cwd)) if cwd else None,
         )
         if error:
             raise DoorError(error)
-        return Background(key, pid, log_path, seq, running)
+        return Background(key, pid, log_path, seq, running, env=recorded_env)
 
     def poll(self, proc: Background) -> int | None:
         """The exit code of a background process, or None while it runs."""

@@ -175,6 +175,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     started = door.now()
     try:
         server.proc = door.start(argv, log_path=log_path, env=env)
+        if server.proc.env is not None:  # as recorded: {repo} for this checkout, secrets masked
+            server.env = server.proc.env
     except DoorError as exc:
         add(gate("server ready", False, {"started": False}, "listening",
                  f"could not start vLLM: {exc}", []))

@@ -183,3 +183,33 @@ def test_http_records_status_and_connection_errors(run_dir):
         closed_port = s.getsockname()[1]
     result = door.http("GET", f"http://127.0.0.1:{closed_port}/", timeout=2)
     assert result.status is None and "Connection" in result.error
+
+
+def test_a_started_process_reports_its_env_as_recorded_and_replays_it(run_dir, tmp_path,
+                                                                        monkeypatch):
+    """What a server was started with comes back from the door: paths of this checkout as
+    {repo}, secrets masked; in replay the recorded values, whatever the replaying machine's
+    environment holds (an artifact reporting them must re-compute equal)."""
+    from lib.door import REPO_ROOT
+    door = Door(run_dir, "s")
+    env = {"PYTHONPATH": f"/opt/site:{REPO_ROOT}", "HF_TOKEN": TOKEN}
+    proc = door.start([sys.executable, "-c", "pass"], log_path=run_dir / "s" / "p.log", env=env)
+    assert proc.env == {"PYTHONPATH": "/opt/site:{repo}", "HF_TOKEN": "[REDACTED]"}
+    door.stop(proc)
+    assert TOKEN not in (run_dir / "transcript.jsonl").read_text()
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    replay = replay_copy(run_dir, tmp_path)
+    again = replay.start([sys.executable, "-c", "pass"], log_path=run_dir / "s" / "p.log",
+                         env={"PYTHONPATH": "/somewhere/else"})  # env is not part of the key
+    assert again.env == proc.env
+
+
+def test_a_transcript_without_env_replays_with_env_none(run_dir, tmp_path):
+    door = Door(run_dir, "s")
+    door.stop(door.start([sys.executable, "-c", "pass"], log_path=run_dir / "s" / "p.log"))
+    lines = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
+    for entry in lines:
+        entry.pop("env", None)  # as transcripts recorded before the field
+    (run_dir / "transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert replay_copy(run_dir, tmp_path).start([sys.executable, "-c", "pass"],
+                                                log_path=run_dir / "s" / "p.log").env is None

@@ -241,6 +241,31 @@ def resolve(stage: str, given: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def check_run_request(context: str, run_id: str | None, stages: list[str] | None,
+                      given: dict[str, Any]) -> None:
+    """What `python -m lib.runner run` was asked, checked before the run directory exists.
+
+    Each stage checks its own parameters again, together, in its first cell; this catches
+    what would otherwise leave an empty or misplaced run behind: a run id that is a path, an
+    unknown context or stage, a parameter no selected stage takes, a value its rule refuses."""
+    _checked(PARAMS["context"], context)
+    if run_id is not None:
+        _checked(PARAMS["run_id"], run_id)
+        if not run_id:
+            raise ParameterError("run_id", run_id, PARAMS["run_id"].allowed.replace(
+                "'' (a new run) or ", "")) from None
+    for stage in stages or STAGES:
+        if stage not in STAGE_PARAMS:
+            raise ParameterError("stages", stage, "a comma-separated subset of "
+                                 + ", ".join(STAGES))
+    names = sorted({n for s in stages or STAGES for n in STAGE_PARAMS[s]} - {"context", "run_id"})
+    for name, value in given.items():
+        if name not in names:
+            raise ParameterError(name, value, "a parameter of the stages asked ("
+                                 + ", ".join(stages or STAGES) + "): " + ", ".join(names))
+        _checked(PARAMS[name], value)
+
+
 def _checked(param: Param, value: Any) -> Any:
     try:
         return param.check(value)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lib import evidence
 from lib.door import REPO_ROOT, redact_file
-from lib.params import STAGES
+from lib.params import STAGES, ParameterError, check_run_request
 from lib.stage import new_run_id
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -145,11 +145,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "run":
         stages = args.stages.split(",") if args.stages else None
+        try:  # before anything is written: no empty or misplaced run is left behind
+            check_run_request(args.context, args.run_id, stages, dict(args.p))
+        except ParameterError as err:
+            print(f"python -m lib.runner run: {err}", file=sys.stderr)
+            return 2
         run_dir, rc = run_guide(args.context, args.run_id, dict(args.p), stages)
         if not args.no_book:
             book_mod.build(run_dir)
         print(f"run {run_dir.name}: {'PASS' if rc == 0 else 'FAIL'} (exit {rc})", flush=True)
         return rc
+    try:
+        check_run_request("local", args.run_id, [], {})
+    except ParameterError as err:
+        print(f"python -m lib.runner {args.command}: {err}", file=sys.stderr)
+        return 2
     if args.command == "book":
         book_mod.build(RESULTS / args.run_id)
         return 0

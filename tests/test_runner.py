@@ -37,3 +37,55 @@ def test_papermill_gets_both_paths_and_the_parameters(tmp_path):
     assert argv[i + 1].endswith("notebooks/04_serve.ipynb")
     assert argv[i + 2] == str(tmp_path / "notebooks" / "04_serve.ipynb")
     assert argv[-6:] == ["-p", "context", "local", "-p", "run_id", "x"]
+
+
+def _refused(monkeypatch, tmp_path, capsys, argv):
+    """`python -m lib.runner ...` on bad input: exit 2, the parameter named, nothing written."""
+    results = tmp_path / "results"
+    monkeypatch.setattr(runner, "RESULTS", results)
+    monkeypatch.setattr(runner, "run_guide", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("run_guide reached")))
+    assert runner.main(argv) == 2
+    assert not results.exists()
+    return capsys.readouterr().err
+
+
+def test_a_run_id_that_is_a_path_is_refused_before_any_effect(monkeypatch, tmp_path, capsys):
+    outside = tmp_path / "outside"
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--run-id", str(outside)])
+    assert "'run_id'" in err and "letters, digits" in err
+    assert not outside.exists()
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--run-id", "a/../b"])
+    assert "'run_id'" in err
+    err = _refused(monkeypatch, tmp_path, capsys, ["book", "../x"])
+    assert "'run_id'" in err
+
+
+def test_unknown_context_stage_or_parameter_is_refused(monkeypatch, tmp_path, capsys):
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--context", "slurm"])
+    assert "'context'" in err and "local, plan, kube" in err
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--stages", "00_cluster,07_extra"])
+    assert "'stages'" in err and "06_multicomm" in err
+    err = _refused(monkeypatch, tmp_path, capsys,
+                   ["run", "--stages", "00_cluster", "-p", "ab_backends", "deepep_v2"])
+    assert "'ab_backends'" in err and "(00_cluster)" in err  # a 05 parameter, 05 not asked
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "-p", "concurency", "4"])
+    assert "'concurency'" in err and "concurrency" in err
+
+
+def test_a_value_its_rule_refuses_stops_before_the_run(monkeypatch, tmp_path, capsys):
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "-p", "concurrency", "0"])
+    assert "'concurrency'" in err and "integers >= 1" in err
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "-p", "all2all_backend", "naive"])
+    assert "'all2all_backend'" in err and "deepep_v2" in err
+
+
+def test_a_good_request_reaches_the_run(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(runner, "run_guide", lambda context, run_id, extra, stages: (
+        seen.update(context=context, run_id=run_id, extra=extra, stages=stages)
+        or (tmp_path / "r", 0)))
+    assert runner.main(["run", "--run-id", "gpu-x.1", "--stages", "05_sweep", "--no-book",
+                        "-p", "ab_backends", "allgather_reducescatter,deepep_v2"]) == 0
+    assert seen == {"context": "local", "run_id": "gpu-x.1", "stages": ["05_sweep"],
+                    "extra": {"ab_backends": "allgather_reducescatter,deepep_v2"}}

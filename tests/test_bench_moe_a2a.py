@@ -252,6 +252,27 @@ def test_corrupted_expert_reports_incorrect_and_exits_nonzero(tmp_path):
     assert gates["dispatch+combine p50/p99 recorded"]["status"] == PASS
 
 
+def test_combine_implementation_is_recorded(run_k1, tmp_path):
+    """auto on CPU: index_select + sum. The one-kernel gather_sum, asked for and run by Triton's
+    interpreter on the same two gloo ranks: correct bitwise (float32) and named in the result."""
+    _, res = run_k1
+    assert res["config"]["combine_asked"] == "auto"
+    assert res["combine_impl"] == "index_select_sum"
+    assert {r["combine"]["impl"] for r in res["ranks"]} == {"index_select_sum"}
+    out = tmp_path / "g.json"
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               TRITON_INTERPRET="1")
+    proc = subprocess.run(torchrun_argv(SMALL + ["--num-topk", "3", "--combine", "gather_sum",
+                                                 "--out", str(out)]),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    res = json.loads(out.read_text())
+    assert res["correct"] is True and res["combine_impl"] == "gather_sum"
+    assert all(r["check"]["method"] == "exact (torch.equal)" for r in res["ranks"])
+    assert [r["combine"] for r in res["ranks"]] == [{"impl": "gather_sum", "fallback": None}] * 2
+    assert "combine=gather_sum" in proc.stdout
+
+
 # ----------------------------------------------------------------------------- bad arguments
 @pytest.mark.parametrize("args, world, named", [
     (["--num-tokens", "0"], 2, "--num-tokens"),
@@ -434,4 +455,5 @@ def test_gpu_test_ep_shape(tmp_path):
     res = json.loads(out.read_text())
     assert res["correct"] is True
     assert res["dc_over_floor"] > 0
+    assert res["combine_impl"] == "gather_sum"  # Triton ships with CUDA torch: auto picks it
     print(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")))

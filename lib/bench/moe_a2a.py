@@ -27,7 +27,9 @@ What one rank does
 * Combine: the rows go back to their source rank (``all_to_all_single`` with the splits reversed);
   there one cached ``index_select`` lays them out token-major ([T, min(k, W), H] in rank order,
   empty slots naming a zero row) and one ``sum`` reduces over the destination ranks: no atomics,
-  fp32 accumulation for bf16, the same result on every run.
+  fp32 accumulation for bf16, the same result on every run. ``--combine gather_sum`` (auto's
+  pick where Triton runs, i.e. CUDA) does both in one Triton kernel straight into the output,
+  float32 adds in slot order (``lib/bench/gather_sum.py``); the result names the one used.
 * Correctness (never skipped): the combined output must equal a reference computed on the source
   rank without communication (the same gate function and the same reduction): checked bitwise
   (torch.equal) on CPU in float32, with torch.testing.assert_close at bf16 tolerance on GPU
@@ -65,7 +67,7 @@ Output
 ------
 Rank 0 prints one progress line per phase, writes ``--out`` (JSON, schema in ``result.py``'s
 docstring and below) and ends with one line
-``RESULT dc_p50_us=... floor_p50_us=... ratio=... gbps_per_rank=...``.
+``RESULT dc_p50_us=... floor_p50_us=... ratio=... gbps_per_rank=... combine=...``.
 
 Which NCCL moved the bytes: ``torch.cuda.nccl.version()`` reports only the NCCL torch was built
 against, while a site folder first on PYTHONPATH or an LD_PRELOAD of another ``libnccl.so.2`` can
@@ -104,6 +106,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lib.bench import gather_sum as gather_sum_kernel
+
 SCHEMA = "moe_a2a/1"
 EXIT_OK = 0
 EXIT_BAD_ARGS = 2
@@ -117,6 +121,7 @@ DEFAULT_TOKENS = 128
 DEFAULT_TOPK = 8
 DEFAULT_EXPERTS = 256
 
+COMBINE_CHOICES = ("auto", "gather_sum", "index_select_sum")
 PHASES = ("layout", "dispatch", "combine", "dispatch_combine", "dispatch_combine_uncached", "floor")
 METHOD_CPU = "perf_counter_per_call"
 METHOD_GPU_B2B = "cuda_events_back_to_back"
@@ -162,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                    help="GPU: time dispatch, combine, dispatch+combine and the floor as CUDA-graph "
                    "replays (launch overhead out of the figure); auto: on with nccl")
+    p.add_argument("--combine", choices=COMBINE_CHOICES, default="auto",
+                   help="the combine's gather + sum: gather_sum (one Triton kernel, "
+                   "lib/bench/gather_sum.py) or index_select_sum (two torch kernels); auto: "
+                   "gather_sum where Triton runs (CUDA), else index_select_sum, and "
+                   "index_select_sum if the kernel fails (recorded)")
     p.add_argument("--out", default=None, help="result JSON path, written by rank 0")
     p.add_argument("--crash-rank", type=int, default=None,
                    help="TEST ONLY: this rank exits with code 3 just before the timed loop")
@@ -187,6 +197,7 @@ class Config:
     b2b_calls: int
     cuda_graphs: bool
     timing_method: str
+    combine: str  # as asked: auto, gather_sum or index_select_sum
     crash_rank: int | None
     corrupt_rank: int | None
     out: str | None
@@ -201,6 +212,7 @@ class Config:
         d = {k: getattr(self, k) for k in keys}
         d["b2b_calls"] = self.b2b_calls if self.device == "cuda" else None
         d["cuda_graphs"] = self.cuda_graphs
+        d["combine_asked"] = self.combine
         d["experts_per_rank"] = self.experts_per_rank
         d["layout"] = "cached (dispatch/combine/dispatch_combine); dispatch_combine_uncached includes it"
         d["floor"] = "two bare all_to_all_single on one group, same per-destination bytes"
@@ -247,6 +259,10 @@ def resolve_config(args: argparse.Namespace, world_size: int, cuda_available: bo
         if val is not None:
             need(0 <= val < max(world_size, 1),
                  f"{flag} must be a rank between 0 and {world_size - 1} (world size {world_size}), got {val}")
+    if args.combine == "gather_sum":
+        why_not = gather_sum_kernel.available(torch.device(device))
+        need(why_not is None, f"--combine gather_sum cannot run here ({why_not}); allowed: auto, "
+                              "index_select_sum")
     if errors:
         return None, errors
     return Config(
@@ -255,7 +271,7 @@ def resolve_config(args: argparse.Namespace, world_size: int, cuda_available: bo
         seed=args.seed, warmup=args.warmup, iters=args.iters, b2b_calls=args.b2b_calls,
         cuda_graphs=device == "cuda" and args.cuda_graphs != "off",
         timing_method=METHOD_GPU_B2B if device == "cuda" else METHOD_CPU,
-        crash_rank=args.crash_rank, corrupt_rank=args.corrupt_rank, out=args.out,
+        combine=args.combine, crash_rank=args.crash_rank, corrupt_rank=args.corrupt_rank, out=args.out,
     ), []
 
 
@@ -419,6 +435,13 @@ class Comm:
                 cur.wait_stream(s)
 
 
+def choose_combine(asked: str, device: torch.device) -> str:
+    """The combine implementation for `asked` (auto, gather_sum, index_select_sum) here."""
+    if asked == "auto":
+        return "gather_sum" if gather_sum_kernel.available(device) is None else "index_select_sum"
+    return asked
+
+
 class MoEA2A:
     """Layout, dispatch, expert and combine of one rank, with preallocated buffers."""
 
@@ -446,6 +469,7 @@ class MoEA2A:
         self.m = num_slots(cfg.num_topk, w)
         self.slots_buf = torch.empty(cfg.num_tokens * self.m, h, dtype=x.dtype, device=device)
         self.out = torch.empty_like(x)
+        self.combine_impl = choose_combine(cfg.combine, device)
         # floor: the same per-destination bytes on one communicator, one all-to-all each way
         send_tot, recv_tot = self.layout.per_rank_totals(w)
         self.floor_send_splits, self.floor_recv_splits = [send_tot], [recv_tot]
@@ -509,6 +533,8 @@ class MoEA2A:
         lay = self.layout
         self.comm.a2a(self.back_buf, self.y_buf, lay.send_splits, lay.recv_splits,
                       lay.send_offs, lay.recv_offs)
+        if self.combine_impl == "gather_sum":  # both steps in one kernel, straight into out
+            return gather_sum_kernel.gather_sum(self.back_ext, lay.combine_pos, self.m, self.out)
         # token-major slots of the returned rows (one cached gather), then the sum over ranks
         torch.index_select(self.back_ext, 0, lay.combine_pos, out=self.slots_buf)
         return reduce_slots(self.slots_buf.view(self.cfg.num_tokens, self.m, self.cfg.hidden), out=self.out)
@@ -713,6 +739,9 @@ def aggregate(cfg: Config, ranks: list[dict]) -> dict:
     res["dc_over_floor"] = (dc / floor["p50"]) if dc and floor["p50"] else None
     res["correct"] = bool(ranks) and all(r["correct"] for r in ranks)
     res["nccl_loaded"] = aggregate_nccl_loaded([r.get("nccl_loaded") for r in ranks])
+    # which combine produced the timed figures (a rank that fell back says why)
+    impls = sorted({(r.get("combine") or {}).get("impl") or "index_select_sum" for r in ranks})
+    res["combine_impl"] = impls[0] if len(impls) == 1 else "mixed: " + ", ".join(impls)
     return res
 
 
@@ -753,7 +782,17 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
     # correctness pass (never skipped): dispatch -> expert -> combine vs the local reference
     moe.dispatch()
     moe.expert()
-    out = moe.combine()
+    combine_fallback = None
+    try:
+        out = moe.combine()
+    except Exception as e:  # noqa: BLE001 - auto falls back, and the result says so
+        if not (cfg.combine == "auto" and moe.combine_impl == "gather_sum"):
+            raise
+        combine_fallback = f"gather_sum failed, index_select_sum used: {type(e).__name__}: {e}"[:500]
+        moe.combine_impl = "index_select_sum"
+        out = moe.combine()
+    log(f"combine: {moe.combine_impl}" + (f" ({combine_fallback})" if combine_fallback else ""),
+        rank=rank)
     ok1, err1, how = check_output(out, ref, exact)
     recv_snapshot = moe.recv_buf.clone()
     # which NCCL actually moves the bytes: read now, after the process group's first collectives
@@ -813,6 +852,7 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
         "methods": methods,
         "samples_us": samples,
         "nccl_loaded": loaded,
+        "combine": {"impl": moe.combine_impl, "fallback": combine_fallback},
     }
     result["phases_us"] = {p: stats(samples[p], methods[p]["method"]) for p in PHASES if p != "floor"}
     result["floor_us"] = stats(samples["floor"], methods["floor"]["method"])
@@ -850,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"correctness: {'ok on all ranks' if not bad else f'FAILED on rank(s) {bad}'}")
             dc, fl = summary["phases_us"]["dispatch_combine"]["p50"], summary["floor_us"]["p50"]
             print(f"RESULT dc_p50_us={dc:.2f} floor_p50_us={fl:.2f} ratio={summary['dc_over_floor']:.3f} "
-                  f"gbps_per_rank={summary['gbps_per_rank']:.3f}", flush=True)
+                  f"gbps_per_rank={summary['gbps_per_rank']:.3f} combine={summary['combine_impl']}",
+                  flush=True)
         dist.barrier()  # the JSON is on disk before any rank exits (a failing exit ends the job)
     finally:
         if dist.is_initialized():

@@ -11,11 +11,12 @@ The result JSON (schema ``moe_a2a/1``)::
                                 dispatch_combine_uncached: {p50, p99, mean, min, max, n, method}},
               floor_us: {...}, bytes: {dispatch_sent, combine_sent, layout_sent, ...},
               correct, max_abs_err, check: {...}, [phases_us_per_call (GPU)],
-              [nccl_loaded: {libraries: [path, ...] | null, torch_build_version: str | null}]}],
+              [nccl_loaded: {libraries: [path, ...] | null, torch_build_version: str | null}],
+              [combine: {impl: gather_sum | index_select_sum, fallback: str | null}]}],
      phases_us: {same phases, pooled over all ranks' samples}, floor_us: {p50, p99, ...},
      [phases_us_per_call (GPU)], bytes_per_rank_mean, gbps_per_rank, dc_over_floor, correct,
      [nccl_loaded: {libraries: [path, ...] | null, torch_build_version: str | null,
-                    same_on_every_rank: bool, source: str}],
+                    same_on_every_rank: bool, source: str}], [combine_impl: str],
      samples_us: {rank: {phase: [us, ...]}}}
 
 ``nccl_loaded`` says which NCCL actually moved the bytes: ``libraries`` are the mapped files
@@ -26,7 +27,10 @@ at the top level the union over ranks; null where the maps could not be read, i.
 version torch was built against, which a site folder on PYTHONPATH or an LD_PRELOAD can
 override. On CPU with gloo (CPU-only torch) ``libraries`` is ``[]``: gloo loads no NCCL. The
 field is optional: results written before it existed lack it (same schema ``moe_a2a/1``, an
-added field), and nothing here requires it.
+added field), and nothing here requires it. So are ``combine`` / ``combine_impl`` (config
+``combine_asked``): which implementation of the combine's gather + sum produced the figures,
+``gather_sum`` (one Triton kernel, lib/bench/gather_sum.py) or ``index_select_sum`` (the two
+torch kernels every result before them used).
 
 Torchrun (torch 2.13) names a failed worker in its ChildFailedError report, e.g.::
 

@@ -34,6 +34,9 @@ class ParameterError(ValueError):
         super().__init__(f"parameter {name!r} = {value!r} is not allowed; allowed: {allowed}")
 
 
+NO_LEGACY = object()  # a parameter whose default is what runs recorded before it did
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -41,6 +44,10 @@ class Param:
     check: Callable[[Any], Any]  # returns the normalised value or raises ValueError
     defaults: dict[str, Any]  # per context; key "*" for every context
     help: str
+    # What a run recorded before the parameter existed did, when that is not the default:
+    # its replay takes this value (lib.stage._open_replay), so a better default for new runs
+    # never makes an older recording disagree with itself.
+    legacy: Any = NO_LEGACY
 
     def default(self, context: str, engine: str = "") -> Any:
         """The default for `context`; a key "<context>:<engine>" wins for that engine (the vLLM
@@ -94,6 +101,17 @@ def _results_dir(v):
     if not isinstance(v, str) or not v or "\x00" in v:
         raise ValueError
     return v
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError
 
 
 def _int_list(v):
@@ -174,6 +192,10 @@ _PARAMS = [
     Param("warmup_requests", "an integer >= 0", _int_at_least(0),
           {"local": 2, "local:vllm": 8, "*": 16},
           "unmeasured warmup requests per cell"),
+    Param("warmup_full_batch", "true or false", _bool, {"*": True},
+          "each cell's warmup is at least its concurrency, so the first full batch (and the "
+          "kernels compiled for its shapes) is not measured; false: warmup_requests as given",
+          legacy=False),
     Param("repeats", "an integer >= 1", _int_at_least(1), {"*": 3}, "repeats per cell"),
     Param("input_tokens", "an integer >= 1", _int_at_least(1),
           {"local": 64, "local:vllm": 120, "*": 120},
@@ -202,7 +224,8 @@ COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", 
           "namespace")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
          "deepep_dir")
-TRAFFIC = ("concurrency", "request_count", "warmup_requests", "input_tokens", "output_tokens")
+TRAFFIC = ("concurrency", "request_count", "warmup_requests", "warmup_full_batch",
+           "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {

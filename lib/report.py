@@ -198,6 +198,8 @@ def kernel_figures(run_dir: Path) -> dict | None:
         "D+C / floor": round(result.get("dc_over_floor") or float("nan"), 2),
         "GB/s per rank": round(result.get("gbps_per_rank") or float("nan"), 1),
         "timing": dc.get("method"),
+        # which combine moved the figure: results before the field used index_select + sum
+        "combine": result.get("combine_impl") or "index_select_sum (recorded before the field)",
         "correct": result.get("correct"),
     }
 

@@ -241,6 +241,12 @@ def _open_replay(name: str, resolved: dict[str, Any], recorded: Path) -> Stage:
             continue
         if key == "results_dir":
             continue
+        legacy = params_mod.PARAMS[key].legacy
+        if key not in recorded_params and legacy is not params_mod.NO_LEGACY:
+            # Added after this run was recorded, with a default that changed what runs do:
+            # the run did what the parameter's legacy value names.
+            added_since[key] = legacy
+            continue
         if key not in recorded_params and (key == "engine" or value == params_mod.PARAMS[
                 key].default(resolved["context"], resolved.get("engine") or "")):
             # A parameter added to the stage after this run was recorded: the run used what the

@@ -83,6 +83,15 @@ def aiperf_env(mmap_dir: str | Path) -> dict[str, str]:
             "COLUMNS": "160"}  # rich wraps its console at 80 columns otherwise
 
 
+def cell_warmup(p: dict, concurrency: int) -> int:
+    """Warmup requests of one cell: warmup_requests, raised to the cell's concurrency when
+    warmup_full_batch (runs recorded before it: as given). 8 warmup requests cannot form a
+    batch of 32: the first full batch, and the kernels built for its shapes, were measured
+    (run gpu-2xh200-deepep-vllm-20261130: each server's first c32 cell was its slow one)."""
+    warmup = p["warmup_requests"]
+    return max(warmup, concurrency) if p.get("warmup_full_batch") else warmup
+
+
 def cell_timeout_s(request_count: int, warmup_requests: int, output_tokens: int,
                    concurrency: int) -> float:
     per_request = PER_REQUEST_TIMEOUT_S * max(1.0, output_tokens / 16)
@@ -143,11 +152,11 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
     input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
     argv = aiperf_argv(
         engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
-        request_count=p["request_count"], warmup_requests=p["warmup_requests"],
+        request_count=p["request_count"], warmup_requests=cell_warmup(p, cell.concurrency),
         input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
         artifact_dir=out, cores=server.client_cores)
-    timeout = cell_timeout_s(p["request_count"], p["warmup_requests"], output_tokens,
-                             cell.concurrency)
+    timeout = cell_timeout_s(p["request_count"], cell_warmup(p, cell.concurrency),
+                             output_tokens, cell.concurrency)
     call = stage.door.run(bounded(argv, timeout), timeout=timeout + KILL_AFTER_S + 30,
                           env=aiperf_env(mmap_dir), check=False)
     rss = server_rss(stage.door, server)

@@ -206,3 +206,37 @@ def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp
     # a value that is not the default is a mismatch, as before
     with pytest.raises(Exception, match="concurrency"):
         _open_replay("06_multicomm", {**now, "concurrency": [9]}, run)
+
+
+def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path):
+    """warmup_full_batch (default true) did not exist when earlier runs were recorded: they
+    warmed up with warmup_requests as given, and their replay must do the same."""
+    import json as _json
+
+    from lib.stage import _open_replay
+
+    run = tmp_path / "r"
+    (run / "05_sweep").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    now = params.resolve("05_sweep", {"engine": "transformers"})
+    assert now["warmup_full_batch"] is True
+    old = {k: v for k, v in now.items() if k != "warmup_full_batch"}
+    (run / "05_sweep" / "params.json").write_text(_json.dumps(old))
+    assert _open_replay("05_sweep", now, run)["warmup_full_batch"] is False
+    (run / "05_sweep" / "params.json").write_text(_json.dumps(now))  # recorded with it: as is
+    assert _open_replay("05_sweep", now, run)["warmup_full_batch"] is True
+    recorded_false = {**now, "warmup_full_batch": False}
+    (run / "05_sweep" / "params.json").write_text(_json.dumps(recorded_false))
+    with pytest.raises(Exception, match="warmup_full_batch"):  # a real difference still fails
+        _open_replay("05_sweep", now, run)
+
+
+@pytest.mark.parametrize("value, parsed", [(True, True), ("true", True), ("False", False),
+                                           ("0", False), ("yes", True)])
+def test_warmup_full_batch_values(value, parsed):
+    assert params.resolve("05_sweep", {"warmup_full_batch": value})["warmup_full_batch"] is parsed
+
+
+def test_warmup_full_batch_refuses_other_values():
+    with pytest.raises(params.ParameterError, match="'warmup_full_batch'.*true or false"):
+        params.resolve("06_multicomm", {"warmup_full_batch": "sometimes"})

@@ -151,3 +151,12 @@ def test_deepep_figures_come_only_from_a_passing_gate_at_the_published_token_cou
     assert published.figures_from_test_ep_gates(
         [{"gate": name.replace("128", "512"), "status": "PASS",
           "observed": {**observed, "num_tokens": 512}}]) == {}
+
+
+@pytest.mark.parametrize("run_id", KERNEL_RUNS)
+def test_the_book_says_which_combine_made_a_kernel_figure(run_id):
+    result = evidence.read_json(RESULTS / run_id / "03_kernel_test" / "result.json")
+    figures = report.kernel_figures(RESULTS / run_id)
+    assert figures["combine"] == result.get("combine_impl",
+                                            "index_select_sum (recorded before the field)")
+    assert figures["combine"].startswith(("gather_sum", "index_select_sum"))

@@ -10,7 +10,7 @@ import pandas as pd
 
 from lib import aiperf as aiperf_export
 from lib import evidence, models, params, serve, sweep
-from lib.door import Door
+from lib.door import Door, read_transcript
 from lib.stage import Stage
 from lib.stages import serve as serve_stage
 from lib.stages import sweep as sweep_stage
@@ -129,6 +129,11 @@ def test_stage_05_measures_and_replays(tmp_path):
                      "server ready", "server stopped", "the same model 04_serve served"):
         assert expected in names, expected
 
+    # warmup_requests 1 at concurrency 2: the cell warmed up with one full batch, 2 requests
+    [aiperf] = [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
+                if e["stage"] == "05_sweep" and e["kind"] == "run" and "profile" in e["key"]]
+    assert aiperf[aiperf.index("--warmup-request-count") + 1] == "2"
+
     summary = pd.read_csv(stage.dir / "summary.csv")
     assert list(summary.columns) == list(aiperf_export.SUMMARY_COLUMNS)
     row = summary.iloc[0]
@@ -246,3 +251,13 @@ def test_the_aiperf_shim_hides_torch_from_transformers_tokenizers():
                            env=env, check=True)
     assert hidden.stdout.split() == ["False", "True"], hidden.stderr
     assert plain.stdout.split() == ["True", "False"], plain.stderr
+
+
+def test_a_cell_warms_up_with_at_least_one_full_batch():
+    """8 warmup requests cannot form a batch of 32; with warmup_full_batch each cell's warmup is
+    raised to its concurrency (and its timeout counts them); without it, as given."""
+    p = {"warmup_requests": 8, "warmup_full_batch": True}
+    assert [sweep.cell_warmup(p, c) for c in (4, 8, 32)] == [8, 8, 32]
+    assert [sweep.cell_warmup({**p, "warmup_full_batch": False}, c) for c in (4, 8, 32)] == \
+        [8, 8, 8]
+    assert sweep.cell_warmup({"warmup_requests": 0}, 32) == 0  # a params.json without the key

@@ -39,6 +39,14 @@ SHOWN_COLUMNS = ["concurrency", "repeat", "requests_completed", "errors", "outpu
                  "request_latency_p50_ms", "output_tokens_mean"]
 
 
+
+def warmup_said(p: dict) -> str:
+    """The warmup as the progress line says it (runs recorded without warmup_full_batch said
+    the bare count, and a replay prints what they printed)."""
+    if not p.get("warmup_full_batch"):
+        return str(p["warmup_requests"])
+    return f"{p['warmup_requests']}, at least one full batch"
+
 def upstream_problem(stage: Stage) -> str | None:
     """Why 04's evidence does not allow measuring (None when it does)."""
     gates = stage.upstream_gates(UPSTREAM)
@@ -76,7 +84,7 @@ def run(stage: Stage) -> dict[str, Any]:
         return {"skipped": reason}
     stage.add(same_model_gate(stage, model))
     print(f"sweep: {len(cells)} cells = concurrency {p['concurrency']} x {p['repeats']} repeats, "
-          f"{p['request_count']} requests (+{p['warmup_requests']} warmup) each, "
+          f"{p['request_count']} requests (+{warmup_said(p)} warmup) each, "
           f"~{p['input_tokens']} tokens in, {p['output_tokens']} out", flush=True)
     with server_for(stage, model, engine) as server:
         problem = server_problem(server)

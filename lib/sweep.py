@@ -12,6 +12,7 @@ cell are ``lib.aiperf.gate_cells`` plus AIPerf's exit code.
 """
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import math
@@ -162,6 +163,7 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
     rss = server_rss(stage.door, server)
     if not stage.replay:
         redact_tree(out)
+        compress_bulky(out)
     streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
                f"calls/{stage.name}/{call.seq:04d}.stderr"]
     timed_out = call.timed_out or call.rc in TIMEOUT_CODES
@@ -175,6 +177,24 @@ def redact_tree(folder: Path) -> None:
     for path in sorted(folder.rglob("*")) if folder.exists() else []:
         if path.is_file():
             redact_file(path)
+
+
+# AIPerf's per-request records: no reader here uses them (the summary comes from its
+# profile_export_aiperf.json), and at 48 requests a cell they are the largest file of a vLLM
+# run's cells (6.5 of 32 MB in gpu-2xh200-deepep-vllm-20261130). Kept whole, gzipped.
+BULKY_EXPORTS = ("profile_export.jsonl",)
+
+
+def compress_bulky(folder: Path) -> list[Path]:
+    """Gzip a cell's bulky exports in place (after redaction; byte-reproducible: mtime 0)."""
+    done = []
+    for path in sorted(folder.rglob("*")) if folder.exists() else []:
+        if path.is_file() and path.name in BULKY_EXPORTS:
+            packed = path.with_name(path.name + ".gz")
+            packed.write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+            path.unlink()
+            done.append(packed)
+    return done
 
 
 def bounded(argv: list[str], seconds: float) -> list[str]:

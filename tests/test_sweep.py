@@ -1,6 +1,7 @@
 """lib.sweep and stage 05 for real: AIPerf 0.13 against the real local server."""
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import time
@@ -133,6 +134,12 @@ def test_stage_05_measures_and_replays(tmp_path):
     [aiperf] = [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
                 if e["stage"] == "05_sweep" and e["kind"] == "run" and "profile" in e["key"]]
     assert aiperf[aiperf.index("--warmup-request-count") + 1] == "2"
+
+    # AIPerf's per-request records are kept whole, gzipped (no reader uses them)
+    cell = next((stage.dir / "aiperf").rglob("profile_export.jsonl.gz")).parent
+    assert not list((stage.dir / "aiperf").rglob("profile_export.jsonl"))
+    records = gzip.decompress((cell / "profile_export.jsonl.gz").read_bytes()).splitlines()
+    assert len(records) >= 6 and all(json.loads(r) for r in records)
 
     summary = pd.read_csv(stage.dir / "summary.csv")
     assert list(summary.columns) == list(aiperf_export.SUMMARY_COLUMNS)

@@ -457,3 +457,24 @@ def test_gpu_test_ep_shape(tmp_path):
     assert res["dc_over_floor"] > 0
     assert res["combine_impl"] == "gather_sum"  # Triton ships with CUDA torch: auto picks it
     print(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")))
+
+
+def test_a_rank_whose_gather_sum_fails_falls_back_alone(tmp_path):
+    """--combine auto where Triton runs (here its interpreter): the kernel fails on rank 1 after
+    the combine's all-to-all; rank 1 redoes only the local gather + sum with index_select_sum
+    (no collective repeated, so rank 0 is not left waiting), both stay correct, and the result
+    names each rank's combine and the reason."""
+    out = tmp_path / "x.json"
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               TRITON_INTERPRET="1")
+    proc = subprocess.run(torchrun_argv(SMALL + ["--fail-gather-sum-rank", "1", "--out", str(out)]),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    res = json.loads(out.read_text())
+    assert res["correct"] is True
+    by_rank = {r["rank"]: r["combine"] for r in res["ranks"]}
+    assert by_rank[0] == {"impl": "gather_sum", "fallback": None}
+    assert by_rank[1]["impl"] == "index_select_sum"
+    assert by_rank[1]["fallback"].startswith("gather_sum failed, index_select_sum used: "
+                                             "RuntimeError: --fail-gather-sum-rank 1")
+    assert res["combine_impl"] == "mixed: gather_sum, index_select_sum"

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TEST ONLY: this rank exits with code 3 just before the timed loop")
     p.add_argument("--corrupt-rank", type=int, default=None,
                    help="TEST ONLY: this rank corrupts its expert output (correctness must fail)")
+    p.add_argument("--fail-gather-sum-rank", type=int, default=None,
+                   help="TEST ONLY: on this rank the first gather_sum combine fails after its "
+                   "all-to-all (with --combine auto it falls back alone, no collective repeated)")
     return p
 
 
@@ -200,6 +203,7 @@ class Config:
     combine: str  # as asked: auto, gather_sum or index_select_sum
     crash_rank: int | None
     corrupt_rank: int | None
+    fail_gather_sum_rank: int | None
     out: str | None
 
     @property
@@ -255,7 +259,8 @@ def resolve_config(args: argparse.Namespace, world_size: int, cuda_available: bo
     need(args.b2b_calls >= 1, f"--b2b-calls must be >= 1, got {args.b2b_calls}")
     need(not (args.cuda_graphs == "on" and device != "cuda"),
          "--cuda-graphs on needs --backend nccl (CUDA); allowed with gloo: off, auto")
-    for flag, val in (("--crash-rank", args.crash_rank), ("--corrupt-rank", args.corrupt_rank)):
+    for flag, val in (("--crash-rank", args.crash_rank), ("--corrupt-rank", args.corrupt_rank),
+                      ("--fail-gather-sum-rank", args.fail_gather_sum_rank)):
         if val is not None:
             need(0 <= val < max(world_size, 1),
                  f"{flag} must be a rank between 0 and {world_size - 1} (world size {world_size}), got {val}")
@@ -271,7 +276,8 @@ def resolve_config(args: argparse.Namespace, world_size: int, cuda_available: bo
         seed=args.seed, warmup=args.warmup, iters=args.iters, b2b_calls=args.b2b_calls,
         cuda_graphs=device == "cuda" and args.cuda_graphs != "off",
         timing_method=METHOD_GPU_B2B if device == "cuda" else METHOD_CPU,
-        combine=args.combine, crash_rank=args.crash_rank, corrupt_rank=args.corrupt_rank, out=args.out,
+        combine=args.combine, crash_rank=args.crash_rank, corrupt_rank=args.corrupt_rank,
+        fail_gather_sum_rank=args.fail_gather_sum_rank, out=args.out,
     ), []
 
 
@@ -533,6 +539,12 @@ class MoEA2A:
         lay = self.layout
         self.comm.a2a(self.back_buf, self.y_buf, lay.send_splits, lay.recv_splits,
                       lay.send_offs, lay.recv_offs)
+        return self.combine_reduce()
+
+    def combine_reduce(self) -> torch.Tensor:
+        """The returned rows, token-major and summed over the destination ranks (no
+        communication: a fallback can redo it without a rank-unmatched collective)."""
+        lay = self.layout
         if self.combine_impl == "gather_sum":  # both steps in one kernel, straight into out
             return gather_sum_kernel.gather_sum(self.back_ext, lay.combine_pos, self.m, self.out)
         # token-major slots of the returned rows (one cached gather), then the sum over ranks
@@ -785,12 +797,14 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
     combine_fallback = None
     try:
         out = moe.combine()
+        if cfg.fail_gather_sum_rank == rank and moe.combine_impl == "gather_sum":
+            raise RuntimeError(f"--fail-gather-sum-rank {rank} (test fault path)")
     except Exception as e:  # noqa: BLE001 - auto falls back, and the result says so
         if not (cfg.combine == "auto" and moe.combine_impl == "gather_sum"):
             raise
         combine_fallback = f"gather_sum failed, index_select_sum used: {type(e).__name__}: {e}"[:500]
         moe.combine_impl = "index_select_sum"
-        out = moe.combine()
+        out = moe.combine_reduce()  # the rows are back already: no second all-to-all
     log(f"combine: {moe.combine_impl}" + (f" ({combine_fallback})" if combine_fallback else ""),
         rank=rank)
     ok1, err1, how = check_output(out, ref, exact)

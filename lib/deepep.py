@@ -252,10 +252,7 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
         env["EP_NCCL_ROOT_DIR"] = root
         env["NCCL_DIR"] = root
     env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
-    if deepep_dir is not None:
-        if not nccl_site:
-            raise ParameterError("nccl_site", nccl_site, "the site DeepEP at deepep_dir was built "
-                                 "against (nvidia-nccl-cu13 2.30.4, nvidia-nvshmem-cu13 3.6.5)")
+    if deepep_dir is not None:  # refuses a missing nccl_site, naming it
         env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
     return env
 

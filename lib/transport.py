@@ -168,9 +168,12 @@ def deepep_pythonpath(nccl_site: str | Path, deepep_dir: str | Path,
     is on the path because an in-place build installs nothing. The NCCL library is preloaded
     besides (``nccl_preload``), as measured.
     """
-    for name, value in (("nccl_site", nccl_site), ("deepep_dir", deepep_dir)):
+    needs = (("nccl_site", nccl_site, "the site DeepEP at deepep_dir was built against "
+                                      "(nvidia-nccl-cu13 2.30.4, nvidia-nvshmem-cu13 3.6.5)"),
+             ("deepep_dir", deepep_dir, "a folder path (see lib.params)"))
+    for name, value, allowed in needs:
         if value is None or str(value).strip() == "":
-            raise ParameterError(name, value, "a folder path (see lib.params)")
+            raise ParameterError(name, value, allowed)
     parts = [str(nccl_site), str(deepep_dir)] + ([inherited] if inherited else [])
     return ":".join(parts)
 

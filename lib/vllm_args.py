@@ -218,9 +218,6 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
         if role != "local":
             raise ParameterError("deepep_dir", deepep_dir,
                                  f"None on role {role!r}: the image has deep_ep installed")
-        if not nccl_site:
-            raise ParameterError("nccl_site", nccl_site, "the site DeepEP at deepep_dir was "
-                                 "built against (nvidia-nccl-cu13 2.30.4)")
         env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
 
     program = [python, "-m", CLI_MODULE, "serve"] if python else ["vllm", "serve"]

@@ -117,3 +117,14 @@ def test_every_variable_says_why_and_where():
         assert var.why.strip() and var.anchor.strip(), var.name
     assert len({v.name for v in EFA}) == len(EFA)
     assert len({v.name for v in INTRANODE_NVLINK}) == len(INTRANODE_NVLINK)
+
+
+def test_deepep_pythonpath_orders_site_checkout_inherited_and_names_what_is_missing():
+    from lib.transport import deepep_pythonpath
+
+    assert deepep_pythonpath("/s", "/d", "/a:/b") == "/s:/d:/a:/b"
+    assert deepep_pythonpath("/s", "/d") == "/s:/d"
+    with pytest.raises(ParameterError, match="'nccl_site'.*2.30.4.*3.6.5"):
+        deepep_pythonpath("", "/d")  # the one place vllm_args and deepep rely on
+    with pytest.raises(ParameterError, match="'deepep_dir'"):
+        deepep_pythonpath("/s", None)

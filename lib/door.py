@@ -420,21 +420,45 @@ def _execute(argv, timeout, cwd, env, input):
     return rc, decode(out), decode(err), time.monotonic() - start, timed_out
 
 
+def _group_alive(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the process group `pgid`, read from /proc."""
+    alive = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read().decode("utf-8", errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            alive.append(int(entry.name))
+    return alive
+
+
 def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool]:
+    """TERM the process's group (its own session), then KILL it, until the leader AND every
+    process of its group are gone: a child that outlives the leader (vLLM's multiprocessing
+    resource tracker, reparented to init while it frees shared memory) would otherwise be
+    left behind, and the server's `server stopped` gate would FAIL on it."""
+    def gone() -> bool:
+        return not proc._running.process.is_alive()[0] and not _group_alive(proc.pid)
+
     def wait(seconds: float) -> bool:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if not proc._running.process.is_alive()[0]:
+            if gone():
                 return True
             time.sleep(0.1)
-        return False
+        return gone()
 
     killed = False
     for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if not proc._running.process.is_alive()[0]:
+        if gone():
             break
         try:
-            os.killpg(proc.pid, sig)  # the process's own session, started with _new_session
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
         killed = sig == signal.SIGKILL

@@ -3,6 +3,7 @@ import json
 import shutil
 import socket
 import sys
+import time
 
 import pytest
 
@@ -174,6 +175,54 @@ def test_background_process_start_poll_stop_by_pid(run_dir):
     with pytest.raises(ProcessLookupError):
         import os
         os.kill(server.pid, 0)
+
+
+def _group_with_a_child(door, run_dir, child_on_term: str) -> tuple:
+    """A leader shell that dies on SIGTERM, with a Python child that handles SIGTERM its own
+    way (the shape of vLLM's resource tracker: a child that outlives the leader)."""
+    ready = run_dir / "child.ready"
+    child = ("import signal, sys, time, pathlib\n"
+             f"{child_on_term}\n"
+             f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+             "time.sleep(60)\n")
+    proc = door.start(["sh", "-c", f'{sys.executable} -c "$0" & wait', child],
+                      log_path=run_dir / "s" / "group.log")
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    assert ready.exists(), (run_dir / "s" / "group.log").read_text()
+    return proc
+
+
+def _stop_record(run_dir) -> dict:
+    lines = [json.loads(x) for x in (run_dir / "transcript.jsonl").read_text().splitlines()]
+    return [e for e in lines if e["kind"] == "stop"][-1]
+
+
+def test_stop_waits_for_a_child_that_outlives_the_leader(run_dir):
+    """The child exits 1 s after SIGTERM, after the leader: stop returns only when the whole
+    group is gone, without SIGKILL."""
+    from lib.door import _group_alive
+    door = Door(run_dir, "s")
+    proc = _group_with_a_child(door, run_dir, "signal.signal(signal.SIGTERM, "
+                                              "lambda *a: (time.sleep(1), sys.exit(0)))")
+    assert len(_group_alive(proc.pid)) == 2
+    door.stop(proc, timeout=5)
+    assert _group_alive(proc.pid) == []
+    assert _stop_record(run_dir)["killed"] is False
+
+
+def test_stop_kills_a_child_that_ignores_sigterm(run_dir):
+    """The child ignores SIGTERM: after the grace, SIGKILL for the group; nothing is left."""
+    from lib.door import _group_alive
+    door = Door(run_dir, "s")
+    proc = _group_with_a_child(door, run_dir,
+                               "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    door.stop(proc, timeout=1)
+    assert door.poll(proc) is not None
+    assert _group_alive(proc.pid) == []
+    assert _stop_record(run_dir)["killed"] is True
 
 
 def test_http_records_status_and_connection_errors(run_dir):

@@ -80,7 +80,7 @@ def mode_gates_of(text: str, *, backend: str, gpus: int, num_experts: int | None
         gates = vllm_logs.assert_backend(text, backend, dp_size=gpus, num_experts=num_experts,
                                          log_name=log_name)
     else:
-        gates = [vllm_logs.expert_parallel_off_gate(text, log_name=log_name),
+        gates = [vllm_logs.expert_parallel_off_gate(text, dp_size=gpus, log_name=log_name),
                  vllm_logs.api_servers_gate(text, gpus, log_name=log_name)]
     return gates + [vllm_logs.compile_mode_gate(text, enforce_eager, log_name=log_name)]
 
@@ -124,7 +124,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     """Serve model_dir with vLLM on this machine's `gpus` GPUs for the duration of the block.
 
     Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (with
-    ``expert_parallel=False`` instead: no EP split and no all-to-all manager logged) and the
+    ``expert_parallel=False`` instead: no EP split, and at DP > 1 vLLM's
+    AllGather+ReduceScatter fallback and no other manager) and the
     compile-mode gate (eager or CUDA graphs, as asked), all SKIP when not ready; NCCL's per-rank
     init (a per-rank source beside the rank-0-only lines); `server stopped`. ``gate_prefix``
     names the gates of one server among several ("graphs+EP: server ready"). Yields the server

@@ -224,8 +224,9 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
     argv = program + [model]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
-    # Without EP (the local A/B arm) every DP rank holds every expert and no all-to-all runs,
-    # so --all2all-backend would name nothing: it is left out.
+    # Without EP (the local A/B arm) vLLM shards every expert by tensor parallelism over the DP
+    # ranks and moves tokens with its own AllGather+ReduceScatter fallback, whatever backend is
+    # named: --all2all-backend would choose nothing, so it is left out.
     argv += ["--enable-expert-parallel"] if expert_parallel else []
     argv += [
         "--tensor-parallel-size", "1",

@@ -523,21 +523,51 @@ def compile_mode_gate(log_text: str, enforce_eager: bool, *, log_name: str = "lo
                 [_quote(log_name, i, l) for i, l, _ in (graphs + eager)[:4]]).as_dict()
 
 
-def expert_parallel_off_gate(log_text: str, *, log_name: str = "log") -> dict:
-    """Gate for a serve WITHOUT --enable-expert-parallel: no EP split logged, no all-to-all
-    manager built (every rank holds every expert; the MoE needs no all-to-all)."""
+# vLLM 0.24.0 (model_executor/layers/fused_moe/all2all_utils.py), once per worker process when
+# DP > 1 and --enable-expert-parallel is not given: the MoE layers are then tensor-parallel
+# across the DP ranks (FusedMoEParallelConfig flattens TP over DP: each rank holds a 1/DP slice
+# of every expert) and tokens are gathered and reduce-scattered around each of them.
+DP_WITHOUT_EP_LINE = "Detected DP deployment with no --enable-expert-parallel."
+DP_WITHOUT_EP_MANAGER = MANAGER["allgather_reducescatter"]
+
+
+def expert_parallel_off_gate(log_text: str, *, dp_size: int, log_name: str = "log") -> dict:
+    """Gate for a serve WITHOUT --enable-expert-parallel, as vLLM 0.24.0 logs it (recorded on
+    2x H200, results/gpu-2xh200-vllm-20261130d/06_multicomm/vllm-eager-noep.log): no EP split;
+    with DP > 1, the fallback line and the AllGather+ReduceScatter manager and no other (every
+    expert on every rank, sharded by tensor parallelism, not split by expert); with DP = 1, no
+    manager at all."""
     name = "vllm_expert_parallel_off"
     lines = _lines(log_text)
     ep = _find(lines, _EP_RE)
-    managers = [(i, l) for i, l in enumerate(lines, 1) if "all2all manager" in l]
-    observed = {"ep_split_lines": len(ep), "all2all_manager_lines": len(managers)}
-    ok = not ep and not managers
+    built = _find(lines, _MANAGER_RE)
+    managers = sorted({m.group(1) for _, _, m in built})
+    fallback = [(i, l) for i, l in enumerate(lines, 1) if DP_WITHOUT_EP_LINE in l]
+    want_managers = [DP_WITHOUT_EP_MANAGER] if dp_size > 1 else []
+    want_fallback = ">= 1" if dp_size > 1 else 0
+    observed = {"ep_split_lines": len(ep), "all2all_managers": managers,
+                "dp_fallback_lines": len(fallback)}
+    ok = (not ep and managers == want_managers
+          and (bool(fallback) if dp_size > 1 else not fallback))
     evidence = ([_quote(log_name, i, l) for i, l, _ in ep[:2]]
-                + [_quote(log_name, i, l) for i, l in managers[:2]])
-    return gate(name, ok, observed, {"ep_split_lines": 0, "all2all_manager_lines": 0},
-                "no EP split and no all-to-all manager logged: the experts are replicated on "
-                f"every rank ({RANK0_ONLY} for both lines when they exist)" if ok else
-                "expert parallelism was not asked for, yet vLLM logged it", evidence).as_dict()
+                + [_quote(log_name, i, l) for i, l, _ in built[:2]]
+                + [_quote(log_name, i, l) for i, l in fallback[:1]])
+    if ok:
+        reason = ("no EP split; vLLM's DP fallback logged (MoE tensor-parallel across the "
+                  f"{dp_size} DP ranks, tokens moved by {DP_WITHOUT_EP_MANAGER}: "
+                  f"AllGather+ReduceScatter, not an expert all-to-all); {RANK0_ONLY} for the "
+                  "fallback line" if dp_size > 1 else "no EP split and no all-to-all manager")
+    elif ep:
+        reason = "expert parallelism was not asked for, yet vLLM logged an EP split"
+    elif managers != want_managers:
+        reason = (f"all-to-all manager(s) {managers or 'none'} logged; without EP vLLM "
+                  f"builds {want_managers or 'none'} at DP={dp_size}")
+    else:
+        reason = (f"the DP fallback line ({DP_WITHOUT_EP_LINE!r}) is missing at DP={dp_size}"
+                  if dp_size > 1 else "a DP fallback line at DP=1")
+    return gate(name, ok, observed,
+                {"ep_split_lines": 0, "all2all_managers": want_managers,
+                 "dp_fallback_lines": want_fallback}, reason, evidence).as_dict()
 
 
 def api_servers_gate(log_text: str, expected_servers: int, *, log_name: str = "log") -> dict:

@@ -27,7 +27,12 @@ from lib.params import ParameterError
 from lib.stage import Stage
 from lib.vllm_args import vllm_serve
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.24.0-2xh200")
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "vllm-0.24.0-2xh200"
+# Real vLLM 0.24.0 logs recorded by the guide on 2x H200 (06 on allgather_reducescatter, the
+# 128-expert model, NCCL_DEBUG=INFO): the arms no shared fixture covers
+RECORDED_06 = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vllm-20261130d" / "06_multicomm"
+GRAPHS_LOG = RECORDED_06 / "vllm-graphs-ep.log"
+NOEP_LOG = RECORDED_06 / "vllm-eager-noep.log"
 DEEPEP_LOG = FIXTURES / "vllm-deepep_v2-run2.log"
 ALLGATHER_LOG = FIXTURES / "vllm-allgather_reducescatter-run2.log"
 NUM_EXPERTS = 64  # the served model of those logs: 64 experts, 32/64 per rank on 2 GPUs
@@ -51,6 +56,7 @@ import json, re, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
+GRAPHS_LOG, NOEP_LOG = {graphs_log!r}, {noep_log!r}
 NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -63,7 +69,11 @@ if args[:3] != CLI or len(args) < 4 or "--port" not in args:
     out("vllm-double: usage: vllm-double -m vllm.entrypoints.cli.main serve MODEL ... --port P")
     sys.exit(2)
 model, port = args[3], int(args[args.index("--port") + 1])
-if isinstance(LOG, dict):  # one recorded log per backend (a backend A/B)
+if "--enable-expert-parallel" not in args and NOEP_LOG:  # the no-EP arm's own recording
+    LOG = NOEP_LOG
+elif "--enforce-eager" not in args and GRAPHS_LOG:  # a serve with CUDA graphs, recorded
+    LOG = GRAPHS_LOG
+elif isinstance(LOG, dict):  # one recorded log per backend (a backend A/B)
     LOG = LOG[args[args.index("--all2all-backend") + 1]]
 import os
 with open(RECORD, "w") as fh:
@@ -81,20 +91,9 @@ try:
              for l in lines]
 except (OSError, ValueError, KeyError):
     pass
-if "--enable-expert-parallel" not in args:  # the no-EP arm: vLLM logs no EP split or manager
-    lines = [l for l in lines if "Expert parallelism is enabled" not in l
-             and "all2all manager" not in l]
-if "--enforce-eager" not in args and MODE != "eager-only":
-    # A serve with CUDA graphs: no "Enforce eager set" line; each worker logs its capture in
-    # vLLM 0.24.0's own format string (gpu_model_runner.py: "Graph capturing finished in %.0f
-    # secs, took %.2f GiB"); no recorded log of such a serve exists yet.
-    lines = [l for l in lines if "Enforce eager set" not in l]
-    at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
-    lines[at:at] = [f"(Worker_DP{{r}}_EP{{r}} pid={{4000 + r}}) INFO 11-30 09:42:50 "
-                    "[gpu_model_runner.py:6657] Graph capturing finished in 5 secs, took 0.31 GiB"
-                    for r in range(2)]
 GENERATED = [0] * 2  # vllm:generation_tokens_total per engine
-if os.environ.get("NCCL_DEBUG") == "INFO":  # each rank's init line, NCCL's own format
+if os.environ.get("NCCL_DEBUG") == "INFO" and not any("NCCL INFO" in l for l in lines):
+    # each rank's init lines, NCCL's own format, where the recorded log ran without them
     at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
     lines[at:at] = NCCL_LINES
 ready_at = max(i for i, l in enumerate(lines) if "Application startup complete." in l)
@@ -202,16 +201,21 @@ sys.exit(0)
 '''
 
 
-def make_double(tmp_path: Path, log, mode: str = "serve") -> tuple[Path, Path]:
+def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | None = None,
+                noep_log: Path | None = None) -> tuple[Path, Path]:
     """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
-    recorded log, or {backend: log} to replay the one of the backend asked for."""
+    recorded log, or {backend: log} to replay the one of the backend asked for; `graphs_log`
+    and `noep_log`: the recorded logs replayed for a serve without --enforce-eager and one
+    without --enable-expert-parallel (absent: `log`, whatever it says, and the gates judge)."""
     stem = log.stem if isinstance(log, Path) else "by-backend"
     record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
     path.parent.mkdir(parents=True, exist_ok=True)
     log = str(log) if isinstance(log, Path) else {k: str(v) for k, v in log.items()}
     path.write_text(DOUBLE.format(python=sys.executable, log=log, mode=mode,
-                                  record=str(record), nccl_lines=NCCL_INIT_LINES))
+                                  record=str(record), nccl_lines=NCCL_INIT_LINES,
+                                  graphs_log=str(graphs_log) if graphs_log else None,
+                                  noep_log=str(noep_log) if noep_log else None))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record
 

@@ -324,12 +324,41 @@ def test_compile_mode_gate_graphs_line_in_vllms_format():
     assert compile_mode_gate("", False)["status"] == "FAIL"
 
 
-def test_expert_parallel_off_gate():
+RECORDED_06 = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vllm-20261130d" / \
+    "06_multicomm"
+
+
+def test_expert_parallel_off_gate_on_the_recorded_serve_without_ep():
+    """vLLM 0.24.0 at DP=2 without --enable-expert-parallel (recorded on 2x H200): no EP
+    split, the DP fallback line, and the AllGather+ReduceScatter manager: PASS."""
     from lib.vllm_logs import expert_parallel_off_gate
 
-    text = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-allgather_reducescatter.log").read_text()
-    with_ep = expert_parallel_off_gate(text)
+    text = (RECORDED_06 / "vllm-eager-noep.log").read_text()
+    got = expert_parallel_off_gate(text, dp_size=2, log_name="06/vllm-eager-noep.log")
+    assert got["status"] == "PASS", got
+    assert got["observed"] == {"ep_split_lines": 0, "all2all_managers": ["AgRsAll2AllManager"],
+                               "dp_fallback_lines": 1}
+    assert any("Detected DP deployment with no --enable-expert-parallel" in e
+               for e in got["evidence"])
+
+
+def test_expert_parallel_off_gate_fails_on_what_a_serve_without_ep_never_logs():
+    from lib.vllm_logs import expert_parallel_off_gate
+
+    # a serve WITH EP (its recorded log): an EP split
+    with_ep = expert_parallel_off_gate((RECORDED_06 / "vllm-eager-ep.log").read_text(), dp_size=2)
     assert with_ep["status"] == "FAIL" and with_ep["observed"]["ep_split_lines"] >= 1
-    without = "\n".join(l for l in text.splitlines()
-                        if "Expert parallelism is enabled" not in l and "all2all manager" not in l)
-    assert expert_parallel_off_gate(without)["status"] == "PASS"
+    assert "EP split" in with_ep["reason"]
+    text = (RECORDED_06 / "vllm-eager-noep.log").read_text()
+    # another manager than the DP fallback's (DeepEP's, as the deepep_v2 serve logs it)
+    deepep = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-deepep_v2-run2.log").read_text()
+    manager = next(l for l in deepep.splitlines() if "DeepEPV2All2AllManager all2all manager" in l)
+    other = expert_parallel_off_gate(text + "\n" + manager, dp_size=2)
+    assert other["status"] == "FAIL" and "DeepEPV2All2AllManager" in other["reason"]
+    # the fallback line missing at DP=2
+    missing = "\n".join(l for l in text.splitlines() if "Detected DP deployment" not in l)
+    assert "fallback line" in expert_parallel_off_gate(missing, dp_size=2)["reason"]
+    # at DP=1 vLLM builds no manager and logs no fallback: the recorded DP=2 log FAILs there
+    assert expert_parallel_off_gate(text, dp_size=1)["status"] == "FAIL"
+    bare = "\n".join(l for l in missing.splitlines() if "all2all manager" not in l)
+    assert expert_parallel_off_gate(bare, dp_size=1)["status"] == "PASS"

@@ -14,8 +14,8 @@ from lib import params, serve, serve_vllm
 from lib.door import Door
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
-from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_LOG, FIXTURES, listening, make_double,
-                                   nccl_site)
+from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_LOG, FIXTURES, GRAPHS_LOG, NOEP_LOG,
+                                   listening, make_double, nccl_site)
 
 pytestmark = [
     pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent"),
@@ -33,8 +33,11 @@ def open_stage(run_dir: Path, name: str, replay: bool = False) -> Stage:
     return Stage(name, params.resolve(name, given), run_dir, door, run_dir if replay else None)
 
 
-def two_gpus(tmp_path, monkeypatch, mode: str) -> Path:
-    double, _ = make_double(tmp_path, ALLGATHER_LOG, mode)
+def two_gpus(tmp_path, monkeypatch, mode: str, graphs_log: Path | None = GRAPHS_LOG) -> Path:
+    """Two GPUs and the vLLM double: each arm replays a real log of its kind (EP eager, EP with
+    CUDA graphs, no EP); `graphs_log=None` replays the eager log for the graphs arm too."""
+    double, _ = make_double(tmp_path, ALLGATHER_LOG, mode, graphs_log=graphs_log,
+                            noep_log=NOEP_LOG)
     monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
     for module in (serve_stage, sweep_stage, serving_ab):
         monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
@@ -112,7 +115,7 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
 
 
 def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
-    run_dir = two_gpus(tmp_path, monkeypatch, "eager-only")
+    run_dir = two_gpus(tmp_path, monkeypatch, "serve", graphs_log=None)
     stage = open_stage(run_dir, "04_serve")
     serve_stage.run(stage)
     stage.finish()

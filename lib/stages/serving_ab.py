@@ -9,8 +9,11 @@ is measured:
 - ``graphs+EP``: the same without --enforce-eager (torch.compile and CUDA graphs: the seed
   sample's open question, where its non-eager path measured 239.7 against eager 301.8 tok/s at
   concurrency 64);
-- ``eager, no EP``: the same model, DP over the GPUs with every expert on every rank and no
-  all-to-all.
+- ``eager, no EP``: the same model and DP without --enable-expert-parallel: vLLM 0.24.0 then
+  makes every MoE layer tensor-parallel across the DP ranks (each rank a 1/DP slice of every
+  expert) and gathers and reduce-scatters the tokens around it (its DP fallback, logged:
+  AllGather+ReduceScatter, no expert all-to-all). Measured on 2x H200, not assumed: the first
+  recording of this arm showed vLLM does not replicate the experts here.
 
 Per repeat and concurrency one AIPerf cell per arm, the arms' order reversed on every other
 repeat. Each ratio (graphs+EP / eager+EP, no EP / eager+EP) of output tokens/s at each concurrency

@@ -3,7 +3,8 @@
 vLLM cannot run on this CPU machine, so each test writes `vllm-double` into tmp_path: an
 executable that takes exactly the argv lib.vllm_args builds (it is passed as `python`, so the
 argv is `vllm-double -m vllm.entrypoints.cli.main serve MODEL --enable-expert-parallel ...`),
-replays a REAL log recorded on two H200s (../shared/fixtures/vllm-0.24.0-2xh200/) to stdout
+replays a REAL log recorded on two H200s (../shared/fixtures/vllm-0.24.0-2xh200/; for the CUDA
+graphs and no-EP arms, the guide's own recording in results/gpu-2xh200-vllm-20261130d/) to stdout
 line by line, up to the last "Application startup complete.", then serves /health, /v1/models
 and /v1/chat/completions on --port (vLLM's OpenAI shapes, minimal) and logs each request in the
 uvicorn access-log format of those logs; on SIGTERM it replays the recorded shutdown lines and

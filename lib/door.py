@@ -108,6 +108,11 @@ class Background:
     # artifact that reports it does not depend on the replaying machine's environment. None when
     # a transcript older than this field is replayed.
     env: dict[str, str] | None = None
+    # After `Door.stop`: the processes of its group still alive when the stop gave up (empty
+    # when it is wholly gone; children and grandchildren included, which /proc reads of the
+    # leader's children miss). None before a stop, and when a transcript older than the field
+    # is replayed.
+    group_left: list[int] | None = None
 
 
 class Door:
@@ -272,12 +277,15 @@ class Door:
         """Stop a background process by its PID (its whole session): TERM, then KILL."""
         key = {"pid_of": proc.seq}
         if self.replay:
-            return self._next("stop", key)["rc"]
-        rc, killed = None, False
+            entry = self._next("stop", key)
+            proc.group_left = entry.get("group_left")
+            return entry["rc"]
+        rc, killed, left = None, False, []
         if proc._running is not None:
-            rc, killed = _terminate(proc, timeout)
+            rc, killed, left = _terminate(proc, timeout)
+        proc.group_left = left
         redact_file(proc.log_path)
-        self._record("stop", key, rc=rc, killed=killed)
+        self._record("stop", key, rc=rc, killed=killed, group_left=left)
         return rc
 
     # ---- observations -----------------------------------------------------------------------
@@ -437,7 +445,7 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
-def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool]:
+def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list[int]]:
     """TERM the process's group (its own session), then KILL it, until the leader AND every
     process of its group are gone: a child that outlives the leader (vLLM's multiprocessing
     resource tracker, reparented to init while it frees shared memory) would otherwise be
@@ -464,7 +472,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool]:
         killed = sig == signal.SIGKILL
         if wait(grace):
             break
-    return proc._running.process.exit_code, killed
+    return proc._running.process.exit_code, killed, _group_alive(proc.pid)
 
 
 def _http(method, url, timeout, json_body, extra_headers=None):

@@ -264,12 +264,18 @@ def stop_server(stage, server: Server) -> Gate | None:
     exited = door.poll(server.proc)
     alive = [p for p in pids if pid_alive(door, p)]
     listening = door.port_listening(server.port)
-    ok = exited is not None and not alive and not listening
+    # the whole process group, as the door saw it when its stop returned (workers are
+    # grandchildren of vLLM's leader); absent from runs recorded before the door reported it
+    group_left = server.proc.group_left
+    ok = exited is not None and not alive and not listening and not group_left
     observed = {"exit_code": rc, "pids_alive": alive, "port_listening": listening}
+    if group_left is not None:
+        observed["group_left"] = group_left
     print(f"server stopped (exit code {rc}); port {server.port} "
           f"{'still listening' if listening else 'closed'}", flush=True)
     return gate("server stopped", ok, observed,
-                {"pids_alive": [], "port_listening": False},
+                {"pids_alive": [], "port_listening": False,
+                 **({"group_left": []} if group_left is not None else {})},
                 f"stopped by PID {server.proc.pid} (its process group); port {server.port} "
                 f"{'still listening' if listening else 'closed'}",
                 [stage.rel(server.log_path)])

@@ -186,3 +186,76 @@ def test_helpers():
     assert serve.serve_env()["HF_HUB_OFFLINE"] == "1"
     assert Path(serve.serve_env()["HF_HOME"]).parent.name == ".cache"
     assert os.path.basename(serve.serve_argv("/m", 1)[0]) == "transformers"
+
+
+def _stop_a_server_with_a_grandchild(run_dir: Path) -> tuple[Stage, serve.Server, dict]:
+    """A real process group shaped like vLLM's: leader -> child -> grandchild (the worker),
+    the grandchild slow to exit on SIGTERM. Stopped through lib.serve.stop_server."""
+    stage = make_stage(run_dir)
+    ready = run_dir / "worker.ready"
+    worker = ("import pathlib, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0)))\n"
+              f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+              "time.sleep(60)\n")
+    import sys
+    child = f'{sys.executable} -c "$0" & wait'
+    log = run_dir / "04_serve" / "group.log"
+    proc = stage.door.start(["sh", "-c", f"sh -c '{child}' \"$0\" & wait", worker], log_path=log)
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    assert ready.exists(), log.read_text()
+    server = serve.Server(model_dir="-", port=stage.door.free_port(), log_path=log, proc=proc)
+    stopped = serve.stop_server(stage, server)
+    stage.add(stopped)
+    return stage, server, stopped.as_dict()
+
+
+def test_stop_gate_sees_the_whole_group_and_replays(tmp_path):
+    run_dir = tmp_path / "run"
+    stage, server, stopped = _stop_a_server_with_a_grandchild(run_dir)
+    assert stopped["status"] == "PASS", stopped
+    assert stopped["observed"]["group_left"] == []  # the grandchild waited for, not left
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and pid_running(int(p))
+                and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[-1].split()[2]
+                == str(server.proc.pid)]
+    stage.finish()
+    replay = Stage("04_serve", stage.params, run_dir, Door(run_dir, "04_serve", replay=True),
+                   run_dir)
+    proc = replay.door.start(server.proc.argv, log_path=server.log_path)
+    again = serve.stop_server(replay, serve.Server(model_dir="-", port=replay.door.free_port(),
+                                                   log_path=server.log_path, proc=proc))
+    assert again.as_dict()["observed"] == stopped["observed"]
+
+
+def test_stop_gate_fails_on_a_group_left_behind(tmp_path):
+    """The FAIL path, from the transcript's own format: the stop of a real run whose record
+    says one process of the group outlived the stop (a worker stuck in the kernel, which no
+    signal ends at once) replays as FAIL naming it; a record older than the field PASSes on
+    what it holds."""
+    import json
+    run_dir = tmp_path / "run"
+    stage, server, _ = _stop_a_server_with_a_grandchild(run_dir)
+    stage.finish()
+    transcript = run_dir / "transcript.jsonl"
+    entries = [json.loads(l) for l in transcript.read_text().splitlines()]
+    stop = next(e for e in entries if e["kind"] == "stop")
+
+    def replayed(group_left) -> dict:
+        if group_left is None:
+            stop.pop("group_left", None)
+        else:
+            stop["group_left"] = group_left
+        transcript.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        replay = Stage("04_serve", stage.params, run_dir,
+                       Door(run_dir, "04_serve", replay=True), run_dir)
+        proc = replay.door.start(server.proc.argv, log_path=server.log_path)
+        return serve.stop_server(replay, serve.Server(
+            model_dir="-", port=replay.door.free_port(), log_path=server.log_path,
+            proc=proc)).as_dict()
+
+    left = replayed([4705])
+    assert left["status"] == "FAIL" and left["observed"]["group_left"] == [4705]
+    old = replayed(None)
+    assert old["status"] == "PASS" and "group_left" not in old["observed"]

@@ -35,6 +35,9 @@ from lib import redact as redaction
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ALL_EXIT_CODES = list(range(-64, 256))
 KILL_GRACE_S = 10.0
+# After SIGKILL, how long a process may take to vanish: a GPU process frees its device memory
+# and contexts in the driver first (seconds), and the stop waits only while one remains.
+KILLED_EXIT_S = 30.0
 
 
 class DoorError(RuntimeError):
@@ -462,7 +465,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list
         return gone()
 
     killed = False
-    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, KILLED_EXIT_S)):
         if gone():
             break
         try:

@@ -450,9 +450,10 @@ def _group_alive(pgid: int) -> list[int]:
 
 def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list[int]]:
     """TERM the process's group (its own session), then KILL it, until the leader AND every
-    process of its group are gone: a child that outlives the leader (vLLM's multiprocessing
-    resource tracker, reparented to init while it frees shared memory) would otherwise be
-    left behind, and the server's `server stopped` gate would FAIL on it."""
+    process of its group are gone. Returns (exit code, whether KILL was sent, what is left).
+    Waiting for the leader alone left vLLM's processes behind on 2x H200: a rank's worker
+    (a grandchild) stuck in DeepEP's teardown barrier went on writing its log after the stage
+    was sealed."""
     def gone() -> bool:
         return not proc._running.process.is_alive()[0] and not _group_alive(proc.pid)
 

@@ -5,16 +5,18 @@ model dir missing, a crash on a corrupted config) are real failures of the real 
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lib import models, params, serve
-from lib.door import Door, read_transcript
+from lib.door import Door, _group_alive, read_transcript
 from lib.evidence import read_gates
 from lib.stage import Stage
 from lib.stages import serve as serve_stage
@@ -197,7 +199,6 @@ def _stop_a_server_with_a_grandchild(run_dir: Path) -> tuple[Stage, serve.Server
               "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0)))\n"
               f"pathlib.Path({str(ready)!r}).write_text('x')\n"
               "time.sleep(60)\n")
-    import sys
     child = f'{sys.executable} -c "$0" & wait'
     log = run_dir / "04_serve" / "group.log"
     proc = stage.door.start(["sh", "-c", f"sh -c '{child}' \"$0\" & wait", worker], log_path=log)
@@ -217,9 +218,7 @@ def test_stop_gate_sees_the_whole_group_and_replays(tmp_path):
     stage, server, stopped = _stop_a_server_with_a_grandchild(run_dir)
     assert stopped["status"] == "PASS", stopped
     assert stopped["observed"]["group_left"] == []  # the grandchild waited for, not left
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and pid_running(int(p))
-                and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[-1].split()[2]
-                == str(server.proc.pid)]
+    assert _group_alive(server.proc.pid) == []
     stage.finish()
     replay = Stage("04_serve", stage.params, run_dir, Door(run_dir, "04_serve", replay=True),
                    run_dir)
@@ -234,7 +233,6 @@ def test_stop_gate_fails_on_a_group_left_behind(tmp_path):
     says one process of the group outlived the stop (a worker stuck in the kernel, which no
     signal ends at once) replays as FAIL naming it; a record older than the field PASSes on
     what it holds."""
-    import json
     run_dir = tmp_path / "run"
     stage, server, _ = _stop_a_server_with_a_grandchild(run_dir)
     stage.finish()

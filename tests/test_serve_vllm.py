@@ -28,10 +28,12 @@ from lib.params import ParameterError
 from lib.stage import Stage
 from lib.vllm_args import vllm_serve
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "vllm-0.24.0-2xh200"
+FIXTURES = (Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+            / "vllm-0.24.0-2xh200")
 # Real vLLM 0.24.0 logs recorded by the guide on 2x H200 (06 on allgather_reducescatter, the
 # 128-expert model, NCCL_DEBUG=INFO): the arms no shared fixture covers
-RECORDED_06 = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vllm-20261130d" / "06_multicomm"
+RECORDED_06 = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vllm-20261130d"
+               / "06_multicomm")
 GRAPHS_LOG = RECORDED_06 / "vllm-graphs-ep.log"
 NOEP_LOG = RECORDED_06 / "vllm-eager-noep.log"
 DEEPEP_LOG = FIXTURES / "vllm-deepep_v2-run2.log"

@@ -11,6 +11,7 @@ import pytest
 
 from lib.vllm_logs import (assert_backend, efa_provider_per_rank, nccl_comm_lines, nccl_version,
                            per_rank_nccl, rank0_pid, requested_in_log, startup_seconds)
+from tests.test_serve_vllm import NOEP_LOG, RECORDED_06
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 LOGS = FIXTURES / "vllm-0.24.0-2xh200"
@@ -324,16 +325,12 @@ def test_compile_mode_gate_graphs_line_in_vllms_format():
     assert compile_mode_gate("", False)["status"] == "FAIL"
 
 
-RECORDED_06 = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vllm-20261130d" / \
-    "06_multicomm"
-
-
 def test_expert_parallel_off_gate_on_the_recorded_serve_without_ep():
     """vLLM 0.24.0 at DP=2 without --enable-expert-parallel (recorded on 2x H200): no EP
     split, the DP fallback line, and the AllGather+ReduceScatter manager: PASS."""
     from lib.vllm_logs import expert_parallel_off_gate
 
-    text = (RECORDED_06 / "vllm-eager-noep.log").read_text()
+    text = NOEP_LOG.read_text()
     got = expert_parallel_off_gate(text, dp_size=2, log_name="06/vllm-eager-noep.log")
     assert got["status"] == "PASS", got
     assert got["observed"] == {"ep_split_lines": 0, "all2all_managers": ["AgRsAll2AllManager"],
@@ -346,10 +343,11 @@ def test_expert_parallel_off_gate_fails_on_what_a_serve_without_ep_never_logs():
     from lib.vllm_logs import expert_parallel_off_gate
 
     # a serve WITH EP (its recorded log): an EP split
-    with_ep = expert_parallel_off_gate((RECORDED_06 / "vllm-eager-ep.log").read_text(), dp_size=2)
+    with_ep = expert_parallel_off_gate((RECORDED_06 / "vllm-eager-ep.log").read_text(),
+                                       dp_size=2)
     assert with_ep["status"] == "FAIL" and with_ep["observed"]["ep_split_lines"] >= 1
     assert "EP split" in with_ep["reason"]
-    text = (RECORDED_06 / "vllm-eager-noep.log").read_text()
+    text = NOEP_LOG.read_text()
     # another manager than the DP fallback's (DeepEP's, as the deepep_v2 serve logs it)
     deepep = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-deepep_v2-run2.log").read_text()
     manager = next(l for l in deepep.splitlines() if "DeepEPV2All2AllManager all2all manager" in l)

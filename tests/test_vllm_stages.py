@@ -183,3 +183,56 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
                    Door(run_dir, "05_sweep", replay=True), run_dir)
     sweep_stage.run(replay)
     replay.finish()
+
+
+DEEPEP_06 = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130b"
+             / "06_multicomm")
+
+
+def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch):
+    """06 as the cluster's backend runs it (deepep_v2, the intranode contract), each arm's
+    server replaying the real log vLLM 0.24.0 wrote for that arm on 2x H200 (eager+EP from the
+    shared fixture, graphs+EP and no EP from run gpu-2xh200-deepep-vllm-20261130b): every
+    server gate holds, the three arms are measured, the no-EP arm carries the DeepEP
+    environment without --all2all-backend."""
+    double, _ = make_double(tmp_path, DEEPEP_LOG, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
+                            noep_log=DEEPEP_06 / "vllm-eager-noep.log")
+    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
+    for module in (serve_stage, sweep_stage, serving_ab):
+        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
+    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    run_dir = tmp_path / "run"
+    deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
+              "deepep_dir": str(tmp_path / "DeepEP")}
+
+    def stage(name: str, replay: bool = False) -> Stage:
+        given = {k: v for k, v in {**SMALL, **deepep}.items() if k in params.STAGE_PARAMS[name]}
+        return Stage(name, params.resolve(name, given), run_dir,
+                     Door(run_dir, name, replay=replay), run_dir if replay else None)
+
+    s04 = stage("04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    assert {g.status for g in s04.gates} == {"PASS"}, \
+        [(g.gate, g.reason) for g in s04.gates if g.status != "PASS"]
+    s06 = stage("06_multicomm")
+    data = lever.run(s06)
+    s06.finish()
+    got = statuses(s06)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
+    for arm in ("eager+EP", "graphs+EP"):
+        managers = {g.gate: g for g in s06.gates}[f"{arm}: vllm_all2all_manager"]
+        assert managers.observed["constructed"] == ["DeepEPV2All2AllManager"]
+    assert got["graphs+EP: vllm_compile_mode"] == "PASS"
+    assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
+    assert sorted(set(data["summary"]["arm"])) == ["vllm-eager-ep", "vllm-eager-noep",
+                                                   "vllm-graphs-ep"]
+    assert len(data["ratios"]) == 4 and all(r["n"] == 2 for r in data["ratios"])
+    starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
+              if '"kind": "start"' in line and '"stage": "06_multicomm"' in line]
+    noep = next(e for e in starts if "--enable-expert-parallel" not in e["key"])
+    assert "--all2all-backend" not in noep["key"] and noep["env"]["EP_DISABLE_GIN"] == "1"
+    replay = stage("06_multicomm", replay=True)
+    lever.run(replay)
+    replay.finish()

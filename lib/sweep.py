@@ -151,13 +151,13 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
     p = stage.params
     out = cell_dir(stage, cell, arm or engine)
     input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
+    warmup = cell_warmup(p, cell.concurrency)
     argv = aiperf_argv(
         engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
-        request_count=p["request_count"], warmup_requests=cell_warmup(p, cell.concurrency),
+        request_count=p["request_count"], warmup_requests=warmup,
         input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
         artifact_dir=out, cores=server.client_cores)
-    timeout = cell_timeout_s(p["request_count"], cell_warmup(p, cell.concurrency),
-                             output_tokens, cell.concurrency)
+    timeout = cell_timeout_s(p["request_count"], warmup, output_tokens, cell.concurrency)
     call = stage.door.run(bounded(argv, timeout), timeout=timeout + KILL_AFTER_S + 30,
                           env=aiperf_env(mmap_dir), check=False)
     rss = server_rss(stage.door, server)

@@ -33,15 +33,21 @@ def open_stage(run_dir: Path, name: str, replay: bool = False) -> Stage:
     return Stage(name, params.resolve(name, given), run_dir, door, run_dir if replay else None)
 
 
+def serve_with(monkeypatch, double: Path) -> None:
+    """The seams patched for every test here: vLLM is `double`, the machine has 2 GPUs, and
+    the tiny model stands in for the default one."""
+    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
+    for module in (serve_stage, sweep_stage, serving_ab):
+        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
+    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+
+
 def two_gpus(tmp_path, monkeypatch, mode: str, graphs_log: Path | None = GRAPHS_LOG) -> Path:
     """Two GPUs and the vLLM double: each arm replays a real log of its kind (EP eager, EP with
     CUDA graphs, no EP); `graphs_log=None` replays the eager log for the graphs arm too."""
     double, _ = make_double(tmp_path, ALLGATHER_LOG, mode, graphs_log=graphs_log,
                             noep_log=NOEP_LOG)
-    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
-    for module in (serve_stage, sweep_stage, serving_ab):
-        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
-    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    serve_with(monkeypatch, double)
     return tmp_path / "run"
 
 
@@ -138,10 +144,7 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
     replays the real log of its backend), both traffic shapes, ratios per shape."""
     double, _ = make_double(tmp_path, {"allgather_reducescatter": ALLGATHER_LOG,
                                        "deepep_v2": DEEPEP_LOG})
-    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
-    for module in (serve_stage, sweep_stage, serving_ab):
-        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
-    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    serve_with(monkeypatch, double)
     run_dir, site = tmp_path / "run", str(nccl_site(tmp_path))
     s04 = open_stage(run_dir, "04_serve")
     serve_stage.run(s04)
@@ -197,10 +200,7 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     environment without --all2all-backend."""
     double, _ = make_double(tmp_path, DEEPEP_LOG, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
                             noep_log=DEEPEP_06 / "vllm-eager-noep.log")
-    monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
-    for module in (serve_stage, sweep_stage, serving_ab):
-        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
-    monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
+    serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
     deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
               "deepep_dir": str(tmp_path / "DeepEP")}

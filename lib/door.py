@@ -16,6 +16,7 @@ run recorded in one checkout replays in another.
 from __future__ import annotations
 
 import json
+import random
 import os
 import shutil
 import signal
@@ -332,11 +333,18 @@ class Door:
             time.sleep(seconds)
 
     def free_port(self) -> int:
+        """A loopback port free now, chosen below the kernel's ephemeral range.
+
+        Why below: a port taken from the ephemeral range (bind to 0) is free only until some
+        process's next outgoing or bind-to-0 socket, and a running vLLM server opens many (its
+        ZMQ and NCCL sockets). On two H200s the second 06 server failed with "Address already
+        in use" on a port picked that way while the first server was up. The kernel never
+        hands out a port below ip_local_port_range on its own, so one chosen there stays free
+        until the server we start binds it.
+        """
         if self.replay:
             return self._next("port", "free")["value"]
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _port_below_ephemeral_range()
         self._record("port", "free", value=port)
         return port
 
@@ -525,3 +533,29 @@ def as_dict(obj) -> dict:
     data = asdict(obj)
     data.pop("_running", None)
     return data
+
+
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service ports
+
+
+def _port_below_ephemeral_range(range_file: str | Path = EPHEMERAL_RANGE_FILE,
+                                lowest: int = _LOWEST_PICKED_PORT) -> int:
+    """A port in [lowest, the ephemeral range's low bound) that binds on 127.0.0.1 now; an
+    ephemeral one (bind to 0) only when every port tried there is taken."""
+    try:
+        low = int(Path(range_file).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default low bound
+    candidates = list(range(lowest, max(low, lowest + 1)))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all tried were taken
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,10 +4,12 @@ import shutil
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from lib.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
+from lib import door as door_module
 
 TOKEN = "hf_plantedSECRET0123456789"
 AWS_KEY_ID = "AKIA" + "ABCDEFGHIJKLMNOP"  # built, so no key-shaped string sits in the repository
@@ -262,3 +264,43 @@ def test_a_transcript_without_env_replays_with_env_none(run_dir, tmp_path):
     (run_dir / "transcript.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     assert replay_copy(run_dir, tmp_path).start([sys.executable, "-c", "pass"],
                                                 log_path=run_dir / "s" / "p.log").env is None
+
+
+def ephemeral_low() -> int:
+    return int(Path(door_module.EPHEMERAL_RANGE_FILE).read_text().split()[0])
+
+
+def test_free_port_is_below_the_ephemeral_range_so_no_running_process_takes_it(run_dir):
+    # On two H200s a 06 server died with "Address already in use": its port, picked by binding
+    # to 0, had been handed by the kernel to a socket of the vLLM server already running.
+    port = Door(run_dir, "s").free_port()
+    assert door_module._LOWEST_PICKED_PORT <= port < ephemeral_low()
+    sockets = []
+    try:
+        for _ in range(300):  # what a running server does: many sockets bound to port 0
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        assert port not in {s.getsockname()[1] for s in sockets}
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))  # still free for the server we start
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_free_port_skips_a_taken_port_and_falls_back_to_an_ephemeral_one(tmp_path):
+    port = door_module._port_below_ephemeral_range()
+    only_that_port = tmp_path / "ip_local_port_range"
+    only_that_port.write_text(f"{port + 1}\t60999\n")
+    assert door_module._port_below_ephemeral_range(only_that_port, lowest=port) == port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        fallback = door_module._port_below_ephemeral_range(only_that_port, lowest=port)
+    assert fallback != port and fallback >= ephemeral_low()
+
+
+def test_free_port_without_a_readable_range_assumes_linux_default(tmp_path):
+    port = door_module._port_below_ephemeral_range(tmp_path / "absent")
+    assert door_module._LOWEST_PICKED_PORT <= port < 32768

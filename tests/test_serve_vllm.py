@@ -37,6 +37,11 @@ RECORDED_06 = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-vll
 GRAPHS_LOG = RECORDED_06 / "vllm-graphs-ep.log"
 NOEP_LOG = RECORDED_06 / "vllm-eager-noep.log"
 DEEPEP_LOG = FIXTURES / "vllm-deepep_v2-run2.log"
+# vLLM 0.24.0 on 2x H200: graphs+EP on deepep_v2, started beside an eager+EP deepep_v2 server,
+# dies in CUDA graph capture (illegal memory access)
+DEEPEP_BESIDE_DEEPEP_LOG = (Path(__file__).resolve().parents[1] / "results"
+                            / "gpu-2xh200-deepep-vllm-20261130c" / "06_multicomm"
+                            / "vllm-graphs-ep.log")
 ALLGATHER_LOG = FIXTURES / "vllm-allgather_reducescatter-run2.log"
 NUM_EXPERTS = 64  # the served model of those logs: 64 experts, 32/64 per rank on 2 GPUs
 TIMEOUT_S = 20.0
@@ -59,7 +64,7 @@ import json, re, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
-GRAPHS_LOG, NOEP_LOG = {graphs_log!r}, {noep_log!r}
+GRAPHS_LOG, NOEP_LOG, DEEPEP_CRASH_LOG = {graphs_log!r}, {noep_log!r}, {deepep_crash_log!r}
 NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -79,6 +84,23 @@ elif "--enforce-eager" not in args and GRAPHS_LOG:  # a serve with CUDA graphs, 
 elif isinstance(LOG, dict):  # one recorded log per backend (a backend A/B)
     LOG = LOG[args[args.index("--all2all-backend") + 1]]
 import os
+
+def alive(pid):
+    try:
+        return open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[-1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+if (DEEPEP_CRASH_LOG and "--enable-expert-parallel" in args
+        and args[args.index("--all2all-backend") + 1].startswith("deepep")):
+    holders = os.path.join(os.path.dirname(RECORD), "deepep-holders")
+    os.makedirs(holders, exist_ok=True)
+    beside = [name for name in os.listdir(holders) if alive(int(name))]
+    open(os.path.join(holders, str(os.getpid())), "w").close()
+    if beside:  # a second DeepEP server on the same GPUs: what vLLM did on 2x H200, replayed
+        for line in open(DEEPEP_CRASH_LOG, encoding="utf-8").read().splitlines():
+            out(line)
+        sys.exit(1)
 with open(RECORD, "w") as fh:
     json.dump({{"argv": sys.argv, "env": {{k: os.environ.get(k) for k in
                ("VLLM_USE_FLASHINFER_SAMPLER", "EP_DISABLE_GIN", "NCCL_NVLS_ENABLE")}}}}, fh)
@@ -205,11 +227,14 @@ sys.exit(0)
 
 
 def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | None = None,
-                noep_log: Path | None = None) -> tuple[Path, Path]:
+                noep_log: Path | None = None,
+                deepep_crash_log: Path | None = None) -> tuple[Path, Path]:
     """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
     recorded log, or {backend: log} to replay the one of the backend asked for; `graphs_log`
     and `noep_log`: the recorded logs replayed for a serve without --enforce-eager and one
-    without --enable-expert-parallel (absent: `log`, whatever it says, and the gates judge)."""
+    without --enable-expert-parallel (absent: `log`, whatever it says, and the gates judge);
+    `deepep_crash_log`: replayed, then exit 1, by an EP serve on a DeepEP backend started while
+    another such double is alive (absent: DeepEP servers coexist)."""
     stem = log.stem if isinstance(log, Path) else "by-backend"
     record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
@@ -218,7 +243,9 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
     path.write_text(DOUBLE.format(python=sys.executable, log=log, mode=mode,
                                   record=str(record), nccl_lines=NCCL_INIT_LINES,
                                   graphs_log=str(graphs_log) if graphs_log else None,
-                                  noep_log=str(noep_log) if noep_log else None))
+                                  noep_log=str(noep_log) if noep_log else None,
+                                  deepep_crash_log=str(deepep_crash_log) if deepep_crash_log
+                                  else None))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record
 
@@ -388,3 +415,38 @@ def test_bad_requests_refused_before_anything_starts(tmp_path):
     transcript = stage.run_dir / "transcript.jsonl"
     assert not [e for e in read_transcript(transcript) if e["kind"] == "start"]
     assert stage.gates == []
+
+
+def test_a_second_deepep_server_beside_the_first_fails_its_ready_gate(tmp_path):
+    """What 06 on deepep_v2 ran into on 2x H200: a second server holding a DeepEP buffer, started
+    while the first is up, dies in CUDA graph capture. The double replays that recorded log; the
+    `server ready` gate FAILs with the illegal memory access in its tail, and one DeepEP server
+    beside an allgather_reducescatter one starts as before (05's backend A/B)."""
+    double, _ = make_double(tmp_path, {"deepep_v2": DEEPEP_LOG,
+                                       "allgather_reducescatter": ALLGATHER_LOG},
+                            deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG)
+    site = nccl_site(tmp_path)
+    stage = make_stage(tmp_path)
+    model = str(tmp_path / "models" / "moe")
+
+    def server(backend: str, name: str):
+        return serve_vllm.vllm_server(stage, model, gpus=2, backend=backend,
+                                      num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                      python=str(double), nccl_site=site, gate_prefix=name,
+                                      log_name=f"{name}.log")
+
+    with server("deepep_v2", "first") as first:
+        assert first.ready
+        with server("allgather_reducescatter", "allgather") as beside:
+            assert beside.ready
+        with server("deepep_v2", "second") as second:
+            assert not second.ready
+    gates = by_name(stage.gates)
+    assert gates["first: server ready"].status == "PASS"
+    assert gates["allgather: server ready"].status == "PASS"
+    failed = gates["second: server ready"]
+    assert failed.status == "FAIL" and failed.observed["exit_code"] == 1
+    assert "cudaErrorIllegalAddress" in failed.reason
+    assert gates["second: vllm_all2all_manager"].status == "SKIP"
+    with server("deepep_v2", "after") as after:  # the first is gone: a DeepEP server starts again
+        assert after.ready

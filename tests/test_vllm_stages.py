@@ -14,8 +14,8 @@ from lib import params, serve, serve_vllm
 from lib.door import Door
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
-from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_LOG, FIXTURES, GRAPHS_LOG, NOEP_LOG,
-                                   listening, make_double, nccl_site)
+from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_BESIDE_DEEPEP_LOG, DEEPEP_LOG, FIXTURES,
+                                   GRAPHS_LOG, NOEP_LOG, listening, make_double, nccl_site)
 
 pytestmark = [
     pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent"),
@@ -199,7 +199,8 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     server gate holds, the three arms are measured, the no-EP arm carries the DeepEP
     environment without --all2all-backend."""
     double, _ = make_double(tmp_path, DEEPEP_LOG, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
-                            noep_log=DEEPEP_06 / "vllm-eager-noep.log")
+                            noep_log=DEEPEP_06 / "vllm-eager-noep.log",
+                            deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG)
     serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
     deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
@@ -221,18 +222,48 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     got = statuses(s06)
     assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
         [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
-    for arm in ("eager+EP", "graphs+EP"):
-        managers = {g.gate: g for g in s06.gates}[f"{arm}: vllm_all2all_manager"]
-        assert managers.observed["constructed"] == ["DeepEPV2All2AllManager"]
-    assert got["graphs+EP: vllm_compile_mode"] == "PASS"
+    # the two DeepEP arms one at a time, each started for its block (beside each other the
+    # double dies as vLLM did on 2x H200; graphs+EP's blocks of repeats 1 and 2 are adjacent:
+    # one server); the no-EP arm up throughout
+    starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
+              if '"kind": "start"' in line and '"stage": "06_multicomm"' in line]
+    assert [Path(e["log"]).name for e in starts] == [
+        "vllm-eager-noep.log", "vllm-eager-ep-1.log", "vllm-graphs-ep-1.log",
+        "vllm-eager-ep-2.log"]
+    for arm, starts_of_arm in (("eager+EP", (1, 2)), ("graphs+EP", (1,))):
+        for start in starts_of_arm:
+            managers = {g.gate: g for g in s06.gates}[f"{arm}, start {start}: vllm_all2all_manager"]
+            assert managers.observed["constructed"] == ["DeepEPV2All2AllManager"]
+            assert got[f"{arm}, start {start}: server stopped"] == "PASS"
+            assert got[f"{arm}, start {start}: vllm_compile_mode"] == "PASS"
+    assert data["ready_s"]["graphs+EP"] == data["ready_s_each"]["graphs+EP"][0]
+    assert len(data["ready_s_each"]["eager+EP"]) == 2 and data["layout"].startswith(
+        "eager+EP, graphs+EP one at a time")
     assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
     assert sorted(set(data["summary"]["arm"])) == ["vllm-eager-ep", "vllm-eager-noep",
                                                    "vllm-graphs-ep"]
     assert len(data["ratios"]) == 4 and all(r["n"] == 2 for r in data["ratios"])
-    starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
-              if '"kind": "start"' in line and '"stage": "06_multicomm"' in line]
     noep = next(e for e in starts if "--enable-expert-parallel" not in e["key"])
     assert "--all2all-backend" not in noep["key"] and noep["env"]["EP_DISABLE_GIN"] == "1"
     replay = stage("06_multicomm", replay=True)
     lever.run(replay)
     replay.finish()
+
+
+def test_deepep_arms_are_served_one_at_a_time_and_the_repeats_alternate_them():
+    eager, graphs, noep = serving_ab.ARMS
+    assert serving_ab.exclusive_arms(serving_ab.ARMS, "deepep_v2") == (eager, graphs)
+    assert serving_ab.exclusive_arms(serving_ab.ARMS, "allgather_reducescatter") == ()
+    # 05's backend A/B: one DeepEP server beside an allgather one, side by side as before
+    backends = serving_ab.backend_arms(["allgather_reducescatter", "deepep_v2"])
+    assert serving_ab.exclusive_arms(backends, "allgather_reducescatter") == ()
+    order = serving_ab.cell_order(2, [4, 32], serving_ab.ARMS, by_arm=True)
+    assert [(r, c, arm.name) for r, c, arm in order] == [
+        (1, 4, "eager+EP"), (1, 32, "eager+EP"), (1, 4, "graphs+EP"), (1, 32, "graphs+EP"),
+        (1, 4, "eager, no EP"), (1, 32, "eager, no EP"),
+        (2, 4, "eager, no EP"), (2, 32, "eager, no EP"), (2, 4, "graphs+EP"),
+        (2, 32, "graphs+EP"), (2, 4, "eager+EP"), (2, 32, "eager+EP")]
+    side_by_side = serving_ab.cell_order(2, [4, 32], serving_ab.ARMS)
+    assert [(r, c, arm.name) for r, c, arm in side_by_side][:4] == [
+        (1, 4, "eager+EP"), (1, 4, "graphs+EP"), (1, 4, "eager, no EP"), (1, 32, "eager+EP")]
+    assert sorted(map(str, order)) == sorted(map(str, side_by_side))  # the same cells

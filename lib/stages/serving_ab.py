@@ -3,7 +3,11 @@
 Three vLLM servers of the same seeded model, started one after another (each takes
 lib.serve_vllm.GPU_MEMORY_UTILIZATION of every GPU, so all three fit) and then measured
 alternately, so drift of the machine falls on every arm alike; a server idles while another
-is measured:
+is measured. Except on DeepEP: two servers that each hold a DeepEP buffer are never up together
+(``exclusive_arms``). Then a repeat measures one arm after another (all of an arm's cells in a
+block), the arms' order reversed on every other repeat, so drift still falls on every arm alike;
+a DeepEP arm's server is started when its block comes and stopped when another DeepEP arm's
+block comes (A B C, C B A, A B C: B and C are started again, C's second block reuses its server):
 
 - ``eager+EP``: 04's serve (expert parallelism over the GPUs, the backend asked, --enforce-eager);
 - ``graphs+EP``: the same without --enforce-eager (torch.compile and CUDA graphs: the seed
@@ -82,16 +86,35 @@ def traffic_shapes(p: dict[str, Any], prefill: bool) -> tuple[Shape, ...]:
 
 
 def cell_order(repeats: int, concurrency: list[int], arms=ARMS,
-               shapes: tuple = (None,)) -> list[tuple]:
+               shapes: tuple = (None,), by_arm: bool = False) -> list[tuple]:
     """(repeat, concurrency, arm[, shape]): every arm at every level (and shape) per repeat, the
-    arms' order reversed on even repeats (A B C, C B A, ...)."""
+    arms' order reversed on even repeats (A B C, C B A, ...). Within a repeat the arms alternate
+    at each level; `by_arm`: each arm's cells of the repeat come together instead (one block per
+    arm, so a server that may not stay up is started once per repeat)."""
     order = []
     for r in range(1, repeats + 1):
         ordered = arms if r % 2 else tuple(reversed(arms))
-        for shape in shapes:
-            order += [(r, c, arm) if shape is None else (r, c, arm, shape)
-                      for c in concurrency for arm in ordered]
+        cells = [(c, arm, shape) for shape in shapes for c in concurrency for arm in ordered]
+        if by_arm:
+            cells.sort(key=lambda cell: ordered.index(cell[1]))  # stable: levels keep their order
+        order += [(r, c, arm) if shape is None else (r, c, arm, shape) for c, arm, shape in cells]
     return order
+
+
+def holds_deepep_buffer(arm: Arm, backend: str) -> bool:
+    """Whether the arm's server holds a DeepEP buffer on the GPUs (expert parallelism on one of
+    vLLM's DeepEP backends; without EP vLLM builds no all-to-all of the backend asked)."""
+    return arm.expert_parallel and (arm.backend or backend).startswith("deepep")
+
+
+def exclusive_arms(arms: tuple[Arm, ...], backend: str) -> tuple[Arm, ...]:
+    """The arms whose servers must not be up at the same time: every DeepEP arm, when there are
+    two or more. Measured on 2x H200 (results/gpu-2xh200-deepep-vllm-20261130c.notes.md): a
+    second deepep_v2 server started beside the first crashed in CUDA graph capture with an
+    illegal memory access, and an earlier time took 85 s to capture what it captures alone in
+    6 s; one DeepEP server beside allgather_reducescatter ones (05's backend A/B) was fine."""
+    deepep = tuple(arm for arm in arms if holds_deepep_buffer(arm, backend))
+    return deepep if len(deepep) > 1 else ()
 
 
 def cell_arm(arm: Arm, shape: Shape, shapes: tuple) -> str:
@@ -123,7 +146,8 @@ def run_backends(stage: Stage) -> dict[str, Any]:
 def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                  comparisons: tuple, repeats: int, plot_name: str) -> dict[str, Any]:
     """Serve every arm side by side (one started at a time), then AIPerf cells interleaved over
-    arms, for every shape; gates, summary, ratios with intervals, one plot."""
+    arms, for every shape; gates, summary, ratios with intervals, one plot. The exclusive arms
+    (two or more on DeepEP) are served one at a time instead, each for its block of a repeat."""
     from lib.stages.sweep import upstream_problem
 
     p = stage.params
@@ -137,35 +161,64 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
         stage.add(skip("serving A/B", "the model could not be built"))
         return {"serving_ab": True, "skipped": "the model could not be built"}
     gpus = cuda_device_count(stage.door)
-    order = cell_order(repeats, p["concurrency"], arms, shapes)
-    print(f"serving A/B: {len(arms)} vLLM servers side by side on {gpus} GPUs, "
+    exclusive = exclusive_arms(arms, p["all2all_backend"])
+    order = cell_order(repeats, p["concurrency"], arms, shapes, by_arm=bool(exclusive))
+    resident = ", ".join(a.name for a in arms if a not in exclusive) or "no arm"
+    layout = (f"{len(arms)} vLLM servers side by side" if not exclusive else
+              f"{', '.join(a.name for a in exclusive)} one at a time (DeepEP), each started for "
+              f"its block of cells; {resident} up throughout")
+    print(f"serving A/B: {layout} on {gpus} GPUs, "
           f"{len(order)} cells ({repeats} repeats x concurrency {p['concurrency']} x "
           f"{len(arms)} arms x {len(shapes)} shape(s)), {p['request_count']} requests each",
           flush=True)
     runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
-    servers: dict[str, Any] = {}
+    started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
+
+    def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
+        """Start the arm's server inside `stack`: the server, or why it is not fit to measure.
+        `start`: which start of an exclusive arm's server this is (1, 2, ...)."""
+        where = "" if start is None else f", start {start}"
+        server = stack.enter_context(serve_vllm.vllm_server(
+            stage, model["model_dir"], gpus=gpus, backend=arm.backend or p["all2all_backend"],
+            num_experts=model["num_experts"], enforce_eager=arm.enforce_eager,
+            nccl_site=p["nccl_site"] or None, deepep_dir=p["deepep_dir"] or None,
+            expert_parallel=arm.expert_parallel, timeout_s=p["server_timeout_s"],
+            gate_prefix=arm.name + where,
+            log_name=f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log"))
+        started[arm.slug].append(server)
+        why = _server_problem(server)
+        return server if why is None else f"{arm.slug}{where}: {why}"
+
     with ExitStack() as stack:
+        servers: dict[str, Any] = {}
+        broken: list[str] = []
         for arm in arms:  # one at a time: each profiles its memory while the others are idle
-            server = stack.enter_context(serve_vllm.vllm_server(
-                stage, model["model_dir"], gpus=gpus, backend=arm.backend or p["all2all_backend"],
-                num_experts=model["num_experts"], enforce_eager=arm.enforce_eager,
-                nccl_site=p["nccl_site"] or None, deepep_dir=p["deepep_dir"] or None,
-                expert_parallel=arm.expert_parallel, timeout_s=p["server_timeout_s"],
-                gate_prefix=arm.name, log_name=f"{arm.slug}.log"))
-            servers[arm.slug] = server
-            if not server.ready:
-                break  # the arms after it would wait for nothing: stop here, gates say why
-        broken = {slug: reason for slug, s in servers.items()
-                  if (reason := _server_problem(s))}
-        broken.update({arm.slug: "not started: an earlier arm's server failed"
-                       for arm in arms if arm.slug not in servers})
-        if broken:
-            reason = "; ".join(f"{slug}: {why}" for slug, why in broken.items())
-            stage.add(skip("serving A/B", f"not measured: {reason}"))
-            return {"serving_ab": True, "skipped": reason}
+            if arm in exclusive:
+                continue
+            got = serve_arm(stack, arm, None)
+            if isinstance(got, str):
+                broken.append(got)
+                if not started[arm.slug][-1].ready:
+                    break  # the arms after it would wait for nothing: stop here, gates say why
+            else:
+                servers[arm.slug] = got
+        if broken:  # every server that came up stays evidence of its backend; none is measured
+            return _not_measured(stage, "; ".join(broken), [a for a in arms if a not in exclusive
+                                                            and not started[a.slug]])
         mmap_dir = stage.path(sweep.MMAP_FOLDER)
+        up: Arm | None = None  # the exclusive arm whose server is up
+        arm_stack = ExitStack()
+        stack.callback(arm_stack.close)
         try:
             for index, (repeat, concurrency, arm, shape) in enumerate(order, 1):
+                if arm in exclusive and up != arm:
+                    arm_stack.close()  # the previous DeepEP server is gone before the next starts
+                    arm_stack, up = ExitStack(), arm
+                    stack.callback(arm_stack.close)
+                    got = serve_arm(arm_stack, arm, len(started[arm.slug]) + 1)
+                    if isinstance(got, str):
+                        return _not_measured(stage, got, [])
+                    servers[arm.slug] = got
                 cell = sweep.Cell(repeat, concurrency)
                 server, name = servers[arm.slug], cell_arm(arm, shape, shapes)
                 before = sweep.scrape_metrics(stage, server, cell, f"{name}.before")
@@ -207,9 +260,19 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
     title = f"vLLM on {gpus} GPUs, {', '.join(backends)}, {repeats} repeats per arm"
     plot = sweep.save_png(stage, plot_name, plot_arms(frame, title))
     return {"serving_ab": True, "summary": frame, "ratios": ratios, "title": title,
-            "plots": [plot], "shapes": [s.__dict__ for s in shapes],
-            "startup_s": {arm.name: servers[arm.slug].startup_s for arm in arms},
-            "ready_s": {arm.name: servers[arm.slug].ready_s for arm in arms}}
+            "plots": [plot], "shapes": [s.__dict__ for s in shapes], "layout": layout,
+            # an exclusive arm's server may start more than once: the first start, then each
+            "startup_s": {arm.name: started[arm.slug][0].startup_s for arm in arms},
+            "ready_s": {arm.name: started[arm.slug][0].ready_s for arm in arms},
+            "ready_s_each": {arm.name: [s.ready_s for s in started[arm.slug]] for arm in arms}}
+
+
+def _not_measured(stage: Stage, reason: str, not_started: list[Arm]) -> dict[str, Any]:
+    """The A/B's SKIP when a server is not fit to measure: the arms after it wait for nothing."""
+    reason = "; ".join([reason] + [f"{arm.slug}: not started: an earlier arm's server failed"
+                                   for arm in not_started])
+    stage.add(skip("serving A/B", f"not measured: {reason}"))
+    return {"serving_ab": True, "skipped": reason}
 
 
 def _server_problem(server) -> str | None:

@@ -6,8 +6,9 @@ alternately, so drift of the machine falls on every arm alike; a server idles wh
 is measured. Except on DeepEP: two servers that each hold a DeepEP buffer are never up together
 (``exclusive_arms``). Then a repeat measures one arm after another (all of an arm's cells in a
 block), the arms' order reversed on every other repeat, so drift still falls on every arm alike;
-a DeepEP arm's server is started when its block comes and stopped when another DeepEP arm's
-block comes (A B C, C B A, A B C: B and C are started again, C's second block reuses its server):
+a DeepEP arm's server is started when its block comes and stopped when the other DeepEP arm's
+block comes (repeats eager+EP graphs+EP no-EP, no-EP graphs+EP eager+EP, ...: graphs+EP's blocks
+of repeats 1 and 2 share one server, eager+EP is started again for repeat 2):
 
 - ``eager+EP``: 04's serve (expert parallelism over the GPUs, the backend asked, --enforce-eager);
 - ``graphs+EP``: the same without --enforce-eager (torch.compile and CUDA graphs: the seed
@@ -90,7 +91,7 @@ def cell_order(repeats: int, concurrency: list[int], arms=ARMS,
     """(repeat, concurrency, arm[, shape]): every arm at every level (and shape) per repeat, the
     arms' order reversed on even repeats (A B C, C B A, ...). Within a repeat the arms alternate
     at each level; `by_arm`: each arm's cells of the repeat come together instead (one block per
-    arm, so a server that may not stay up is started once per repeat)."""
+    arm, so a server that may not stay up beside another is started for its block)."""
     order = []
     for r in range(1, repeats + 1):
         ordered = arms if r % 2 else tuple(reversed(arms))

@@ -232,11 +232,23 @@ def vllm_sections(run_dir: Path) -> list[str]:
         if ratios_path.exists():
             out.append(f"\n### {title}\n")
             out.append(_md_table(ratio_rows(evidence.read_json(ratios_path))))
+            servers_path = Path(run_dir) / stage / "servers.json"  # runs recorded before: none
+            if servers_path.exists():
+                out.append(servers_line(evidence.read_json(servers_path)))
     test_ep_path = Path(run_dir) / "03_kernel_test" / "test_ep.json"
     if test_ep_path.exists():
         out.append("\n### DeepEP test_ep beside the torch benchmark and the NCCL floor (03)\n")
         out.append(_md_table(pd.DataFrame(evidence.read_json(test_ep_path)).round(1)))
     return out
+
+
+def servers_line(servers: dict) -> str:
+    """How an A/B's servers were arranged, and each one's seconds from launch to ready."""
+    ready = "; ".join(f"{arm} " + ", ".join("?" if s["ready_s"] is None else f"{s['ready_s']:.1f}"
+                                            for s in starts)
+                      for arm, starts in servers["arms"].items())
+    return (f"\nServers: {servers['layout']}. Seconds from launch to ready, per start: "
+            f"{ready}.\n")
 
 
 def ratio_rows(rows: list[dict]) -> pd.DataFrame:

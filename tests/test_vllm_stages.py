@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lib import params, serve, serve_vllm
+from lib import params, report, serve, serve_vllm
 from lib.door import Door
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
@@ -237,6 +237,13 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
             assert got[f"{arm}, start {start}: server stopped"] == "PASS"
             assert got[f"{arm}, start {start}: vllm_compile_mode"] == "PASS"
     assert data["ready_s"]["graphs+EP"] == data["ready_s_each"]["graphs+EP"][0]
+    servers = json.loads((run_dir / "06_multicomm" / "servers.json").read_text())
+    assert [s["log"] for s in servers["arms"]["eager+EP"]] == [
+        "06_multicomm/vllm-eager-ep-1.log", "06_multicomm/vllm-eager-ep-2.log"]
+    assert [s["ready_s"] for s in servers["arms"]["graphs+EP"]] == data["ready_s_each"]["graphs+EP"]
+    book = "\n".join(report.vllm_sections(run_dir))
+    assert "Servers: eager+EP, graphs+EP one at a time (DeepEP)" in book
+    assert "per start: eager+EP " in book and "; eager, no EP " in book
     assert len(data["ready_s_each"]["eager+EP"]) == 2 and data["layout"].startswith(
         "eager+EP, graphs+EP one at a time")
     assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"

@@ -27,9 +27,10 @@ backend, the EP split or its absence, eager or graphs) and by vLLM's own token c
 cluster's arms (deepep_v2 against allgather_reducescatter over EFA, EP_NUM_COMMS 1 against 8)
 are SKIPs here with their reason.
 
-Artifacts: vllm-<arm>.log per server; aiperf/repeat_<r>/aiperf-<arm>-c<C>/; metrics/...;
-summary.csv / summary.json (lib.aiperf's schema, a row per arm x concurrency x repeat);
-ratios.json; throughput_ab.png.
+Artifacts: vllm-<arm>.log per server (vllm-<arm>-<start>.log for a DeepEP arm served one at a
+time); aiperf/repeat_<r>/aiperf-<arm>-c<C>/; metrics/...; summary.csv / summary.json (lib.aiperf's
+schema, a row per arm x concurrency x repeat); ratios.json; servers.json (the layout, each
+server's seconds to ready); throughput_ab.png.
 """
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ ARMS = (BASELINE, Arm("graphs+EP", "vllm-graphs-ep", False, True),
         Arm("eager, no EP", "vllm-eager-noep", True, False))
 # (arm b, over arm a): each ratio is b / a of output tokens per second
 COMPARISONS = (("graphs+EP", "eager+EP"), ("eager, no EP", "eager+EP"))
+SERVERS_FILE = "servers.json"  # the A/B's server layout and each server's time to ready
 CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_COMMS 1 against 8 "
                 "(the multicomm overlay): both need DeepEP's ElasticBuffer with GIN over an RDMA "
                 "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
@@ -257,6 +259,11 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                        f"ratio, low, high over >= 2 paired repeats (scipy bootstrap)",
                        _verdict(row) if ok else f"only {row['n']} paired repeat(s) measured",
                        summary_files + [ratio_file]))
+    # how the servers were arranged and how long each took to come up: the book shows it
+    stage.write_json(SERVERS_FILE, {"layout": layout, "arms": {
+        arm.name: [{"start": i, "log": stage.rel(s.log_path), "ready_s": s.ready_s,
+                    "startup_s": s.startup_s} for i, s in enumerate(started[arm.slug], 1)]
+        for arm in arms}})
     backends = sorted({arm.backend or p["all2all_backend"] for arm in arms})
     title = f"vLLM on {gpus} GPUs, {', '.join(backends)}, {repeats} repeats per arm"
     plot = sweep.save_png(stage, plot_name, plot_arms(frame, title))

@@ -16,8 +16,8 @@ run recorded in one checkout replays in another.
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,6 +39,9 @@ KILL_GRACE_S = 10.0
 # After SIGKILL, how long a process may take to vanish: a GPU process frees its device memory
 # and contexts in the driver first (seconds), and the stop waits only while one remains.
 KILLED_EXIT_S = 30.0
+# free_port's range: [_LOWEST_PICKED_PORT, the ephemeral range's low bound read from here)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service ports
 
 
 class DoorError(RuntimeError):
@@ -534,9 +537,6 @@ def as_dict(obj) -> dict:
     data.pop("_running", None)
     return data
 
-
-EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-_LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service ports
 
 
 def _port_below_ephemeral_range(range_file: str | Path = EPHEMERAL_RANGE_FILE,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
 from lib import door as door_module
+from lib.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
 
 TOKEN = "hf_plantedSECRET0123456789"
 AWS_KEY_ID = "AKIA" + "ABCDEFGHIJKLMNOP"  # built, so no key-shaped string sits in the repository
@@ -205,25 +205,23 @@ def _stop_record(run_dir) -> dict:
 def test_stop_waits_for_a_child_that_outlives_the_leader(run_dir):
     """The child exits 1 s after SIGTERM, after the leader: stop returns only when the whole
     group is gone, without SIGKILL."""
-    from lib.door import _group_alive
     door = Door(run_dir, "s")
     proc = _group_with_a_child(door, run_dir, "signal.signal(signal.SIGTERM, "
                                               "lambda *a: (time.sleep(1), sys.exit(0)))")
-    assert len(_group_alive(proc.pid)) == 2
+    assert len(door_module._group_alive(proc.pid)) == 2
     door.stop(proc, timeout=5)
-    assert _group_alive(proc.pid) == []
+    assert door_module._group_alive(proc.pid) == []
     assert _stop_record(run_dir)["killed"] is False
 
 
 def test_stop_kills_a_child_that_ignores_sigterm(run_dir):
     """The child ignores SIGTERM: after the grace, SIGKILL for the group; nothing is left."""
-    from lib.door import _group_alive
     door = Door(run_dir, "s")
     proc = _group_with_a_child(door, run_dir,
                                "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     door.stop(proc, timeout=1)
     assert door.poll(proc) is not None
-    assert _group_alive(proc.pid) == []
+    assert door_module._group_alive(proc.pid) == []
     assert _stop_record(run_dir)["killed"] is True
 
 

@@ -178,8 +178,8 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
     started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
 
     def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
-        """Start the arm's server inside `stack`: the server, or why it is not fit to measure.
-        `start`: which start of an exclusive arm's server this is (1, 2, ...)."""
+        """Start the arm's server inside `stack`. `start`: which start of an exclusive arm's
+        server this is (1, 2, ...)."""
         where = "" if start is None else f", start {start}"
         server = stack.enter_context(serve_vllm.vllm_server(
             stage, model["model_dir"], gpus=gpus, backend=arm.backend or p["all2all_backend"],
@@ -189,8 +189,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             gate_prefix=arm.name + where,
             log_name=f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log"))
         started[arm.slug].append(server)
-        why = _server_problem(server)
-        return server if why is None else f"{arm.slug}{where}: {why}"
+        return server
 
     with ExitStack() as stack:
         servers: dict[str, Any] = {}
@@ -198,30 +197,29 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
         for arm in arms:  # one at a time: each profiles its memory while the others are idle
             if arm in exclusive:
                 continue
-            got = serve_arm(stack, arm, None)
-            if isinstance(got, str):
-                broken.append(got)
-                if not started[arm.slug][-1].ready:
+            server = servers[arm.slug] = serve_arm(stack, arm, None)
+            why = _server_problem(server)
+            if why:
+                broken.append(f"{arm.slug}: {why}")
+                if not server.ready:
                     break  # the arms after it would wait for nothing: stop here, gates say why
-            else:
-                servers[arm.slug] = got
         if broken:  # every server that came up stays evidence of its backend; none is measured
             return _not_measured(stage, "; ".join(broken), [a for a in arms if a not in exclusive
                                                             and not started[a.slug]])
         mmap_dir = stage.path(sweep.MMAP_FOLDER)
         up: Arm | None = None  # the exclusive arm whose server is up
         arm_stack = ExitStack()
-        stack.callback(arm_stack.close)
+        stack.callback(lambda: arm_stack.close())  # whichever exclusive server is up at the end
         try:
             for index, (repeat, concurrency, arm, shape) in enumerate(order, 1):
                 if arm in exclusive and up != arm:
                     arm_stack.close()  # the previous DeepEP server is gone before the next starts
                     arm_stack, up = ExitStack(), arm
-                    stack.callback(arm_stack.close)
-                    got = serve_arm(arm_stack, arm, len(started[arm.slug]) + 1)
-                    if isinstance(got, str):
-                        return _not_measured(stage, got, [])
-                    servers[arm.slug] = got
+                    start = len(started[arm.slug]) + 1
+                    server = servers[arm.slug] = serve_arm(arm_stack, arm, start)
+                    why = _server_problem(server)
+                    if why:
+                        return _not_measured(stage, f"{arm.slug}, start {start}: {why}", [])
                 cell = sweep.Cell(repeat, concurrency)
                 server, name = servers[arm.slug], cell_arm(arm, shape, shapes)
                 before = sweep.scrape_metrics(stage, server, cell, f"{name}.before")

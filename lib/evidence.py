@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 STATUSES = ("PASS", "FAIL", "SKIP")
+# A terminal's colour and cursor codes (AIPerf colours its exit-error box): noise in a gate's
+# reason and in the book
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SUMS_NAME = "SHA256SUMS"
 
 
@@ -59,6 +62,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+def without_terminal_codes(text: str) -> str:
+    """`text` without the escape codes a terminal would have turned into colour."""
+    return _TERMINAL_CODES.sub("", text)
 
 
 def gate(name: str, ok: bool, observed: Any = None, expected: Any = None, reason: str = "",

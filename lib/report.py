@@ -1,6 +1,7 @@
 """Tables and pages for the book, from evidence only (a run directory), never from the world."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -251,13 +252,16 @@ def servers_line(servers: dict) -> str:
             f"{ready}.\n")
 
 
+NOT_MEASURED = "not measured"  # a ratio with fewer than two paired repeats
+
+
 def ratio_rows(rows: list[dict]) -> pd.DataFrame:
     """A/B ratios (lib.stages.serving_ab's ratios.json) as a table."""
     return pd.DataFrame([{
         "arm b / arm a": f"{r['b']} / {r['a']}", **({"shape": r["shape"]} if "shape" in r else {}),
         "concurrency": r["concurrency"], "paired repeats": r["n"],
-        "ratio": None if r["ratio"] is None else round(r["ratio"], 3),
-        "95% interval": None if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}",
+        "ratio": NOT_MEASURED if r["ratio"] is None else round(r["ratio"], 3),
+        "95% interval": NOT_MEASURED if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}",
         # the repeats themselves: with three, an interval is coarse and they are what to read
         "arm a, each repeat": _each(r.get("a_tps")), "arm b, each repeat": _each(r.get("b_tps"))}
         for r in rows])
@@ -305,7 +309,30 @@ def reference_runs_page(results: Path) -> str:
         failed = failed[failed.status == "FAIL"]
         if len(failed):
             out.append("\n### FAIL gates, as recorded\n")
-            failed = failed.assign(reason=failed.reason.map(
-                lambda r: r if len(r) <= 200 else r[:200] + " ... (whole in gates.json)"))
-            out.append(_md_table(failed[["stage", "gate", "reason"]]))
+            out.append(_md_table(failed_gate_rows(failed)))
     return "\n".join(out)
+
+
+_CELL = re.compile(r"\bc(\d+) repeat (\d+)\b")  # an AIPerf cell in a gate's name
+
+
+def failed_gate_rows(failed: pd.DataFrame) -> pd.DataFrame:
+    """FAIL gates for the book: the same check failing in several AIPerf cells is one row
+    naming the cells (its first reason shown), terminal codes gone, long reasons cut."""
+    rows: dict[tuple, dict] = {}
+    for g in failed.itertuples():
+        key = (g.stage, _CELL.sub("c{C} repeat {R}", g.gate))
+        row = rows.setdefault(key, {"stage": g.stage, "gate": key[1], "cells": [],
+                                    "reason": evidence.without_terminal_codes(g.reason)})
+        cell = _CELL.search(g.gate)
+        if cell:
+            row["cells"].append(f"c{cell.group(1)} r{cell.group(2)}")
+    out = []
+    for row in rows.values():
+        gate = row["gate"] if row["cells"] else row["gate"].replace("c{C} repeat {R}", "")
+        if row["cells"]:
+            gate += f" ({len(row['cells'])}: {', '.join(row['cells'])})"
+        reason = row["reason"]
+        reason = reason if len(reason) <= 200 else reason[:200] + " ... (whole in gates.json)"
+        out.append({"stage": row["stage"], "gate": gate, "reason": reason})
+    return pd.DataFrame(out, columns=["stage", "gate", "reason"])

@@ -136,7 +136,7 @@ _BOX = str.maketrans({c: " " for c in "│╭╮╰╯─┃━┏┓┗┛"})
 
 def _tail(text: str, lines: int = 6) -> str:
     """What AIPerf said last: its exit-error box unwrapped into one line, else the last lines."""
-    text = text.replace("\r", "\n")
+    text = evidence.without_terminal_codes(text.replace("\r", "\n"))
     box = text.rfind("Exit Errors")
     if box >= 0:
         return " ".join(text[box:].translate(_BOX).split())

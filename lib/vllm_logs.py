@@ -573,3 +573,21 @@ def expert_parallel_off_gate(log_text: str, *, dp_size: int, log_name: str = "lo
 def api_servers_gate(log_text: str, expected_servers: int, *, log_name: str = "log") -> dict:
     """Gate: one "Application startup complete." per API server (vllm serve runs DP of them)."""
     return _gate_api_servers(_lines(log_text), expected_servers, log_name).as_dict()
+
+
+# What a vLLM 0.24.0 server logs when it dies serving, earliest first in its log: a device-side
+# assert prints its kernel's assertion line on every thread that failed it, then the worker's
+# AcceleratorError, then the engine's "EngineCore encountered a fatal error" (recorded on 2x H200:
+# results/gpu-2xh200-deepep-vllm-20261130d/06_multicomm/vllm-graphs-ep-1.log, line 687 on as grep counts).
+_FATAL_RE = re.compile(r"Assertion .* failed|CUDA error: |AcceleratorError|"
+                       r"encountered a fatal error|died unexpectedly")
+
+
+def first_fatal_line(log_text: str, *, after_line: int = 0,
+                     log_name: str = "log") -> str | None:
+    """The log's first line, after `after_line`, that says why vLLM died, quoted
+    ("log:line: text"), or None when it says nothing of the kind."""
+    for lineno, line, _ in _find(_lines(log_text), _FATAL_RE):
+        if lineno > after_line:
+            return _quote(log_name, lineno, line)
+    return None

@@ -166,3 +166,24 @@ def test_the_book_says_which_combine_made_a_kernel_figure(run_id):
     assert figures["combine"] == result.get("combine_impl",
                                             "index_select_sum (recorded before the field)")
     assert figures["combine"].startswith(("gather_sum", "index_select_sum"))
+
+
+def test_the_book_says_a_failed_arm_plainly():
+    """Run gpu-2xh200-deepep-vllm-20261130d, whose graphs+EP arm died under traffic (45 AIPerf
+    cell gates and 3 ratio gates FAILed): the book shows one row per failed check naming the
+    cells, no terminal codes (AIPerf colours its error box), and its ratios as not measured."""
+    run_id = "gpu-2xh200-deepep-vllm-20261130d"
+    recorded = [g for g in evidence.read_gates(RESULTS / run_id / "06_multicomm")
+                if g["status"] == "FAIL"]
+    assert len(recorded) == 48 and any("\x1b[" in g["reason"] for g in recorded)
+    page = report.reference_runs_page(RESULTS)
+    section = page.split(f"## `{run_id}`", 1)[1].split("\n## `", 1)[0]
+    failed = section.split("### FAIL gates, as recorded", 1)[1]
+    rows = [line for line in failed.splitlines() if line.startswith("| 06_multicomm")]
+    assert len(rows) == 8  # 5 checks x 9 cells, grouped, and the 3 ratios
+    assert "| aiperf vllm-graphs-ep c{C} repeat {R}: AIPerf exit 0 (9: c4 r1, c8 r1, c32 r1, " \
+           "c4 r2" in failed
+    assert "\x1b" not in section and "[1;31m" not in section
+    assert "Reason: All 48 inference request(s) failed." in failed
+    assert "| graphs+EP / eager+EP | 32 | 0 | not measured | not measured |" in section
+    assert "| eager, no EP / eager+EP | 32 | 3 | 0.838 | 0.662 to 1.246 |" in section

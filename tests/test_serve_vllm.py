@@ -42,6 +42,11 @@ DEEPEP_LOG = FIXTURES / "vllm-deepep_v2-run2.log"
 DEEPEP_BESIDE_DEEPEP_LOG = (Path(__file__).resolve().parents[1] / "results"
                             / "gpu-2xh200-deepep-vllm-20261130c" / "06_multicomm"
                             / "vllm-graphs-ep.log")
+# vLLM 0.24.0 on 2x H200: graphs+EP on deepep_v2, served alone, ready, then dead on the first
+# batched step of AIPerf's traffic (device-side assert, "index out of bounds")
+DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG = (Path(__file__).resolve().parents[1] / "results"
+                                   / "gpu-2xh200-deepep-vllm-20261130d" / "06_multicomm"
+                                   / "vllm-graphs-ep-1.log")
 ALLGATHER_LOG = FIXTURES / "vllm-allgather_reducescatter-run2.log"
 NUM_EXPERTS = 64  # the served model of those logs: 64 experts, 32/64 per rank on 2 GPUs
 TIMEOUT_S = 20.0
@@ -65,6 +70,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
 GRAPHS_LOG, NOEP_LOG, DEEPEP_CRASH_LOG = {graphs_log!r}, {noep_log!r}, {deepep_crash_log!r}
+TRAFFIC_CRASH_LOG = {traffic_crash_log!r}
 NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -77,7 +83,12 @@ if args[:3] != CLI or len(args) < 4 or "--port" not in args:
     out("vllm-double: usage: vllm-double -m vllm.entrypoints.cli.main serve MODEL ... --port P")
     sys.exit(2)
 model, port = args[3], int(args[args.index("--port") + 1])
-if "--enable-expert-parallel" not in args and NOEP_LOG:  # the no-EP arm's own recording
+DEEPEP_EP = ("--enable-expert-parallel" in args and "--all2all-backend" in args
+             and args[args.index("--all2all-backend") + 1].startswith("deepep"))
+CRASH_ON_TRAFFIC = bool(TRAFFIC_CRASH_LOG and DEEPEP_EP and "--enforce-eager" not in args)
+if CRASH_ON_TRAFFIC:  # graphs+EP on DeepEP, as recorded: ready, then dead at the first stream
+    LOG = TRAFFIC_CRASH_LOG
+elif "--enable-expert-parallel" not in args and NOEP_LOG:  # the no-EP arm's own recording
     LOG = NOEP_LOG
 elif "--enforce-eager" not in args and GRAPHS_LOG:  # a serve with CUDA graphs, recorded
     LOG = GRAPHS_LOG
@@ -91,8 +102,7 @@ def alive(pid):
     except OSError:
         return False
 
-if (DEEPEP_CRASH_LOG and "--enable-expert-parallel" in args
-        and args[args.index("--all2all-backend") + 1].startswith("deepep")):
+if DEEPEP_CRASH_LOG and DEEPEP_EP:
     holders = os.path.join(os.path.dirname(RECORD), "deepep-holders")
     os.makedirs(holders, exist_ok=True)
     beside = [name for name in os.listdir(holders) if alive(int(name))]
@@ -180,6 +190,14 @@ class Handler(BaseHTTPRequestHandler):
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         GENERATED[hash(threading.current_thread().name) % 2] += n
+        if CRASH_ON_TRAFFIC and body.get("stream"):
+            # what vLLM wrote from its first fatal line on (a device-side assert on a batched
+            # step), then the whole server gone, as its API server exited on 2x H200
+            fatal = next(i for i, l in enumerate(lines)
+                         if i > ready_at and re.search(r"Assertion .* failed", l))
+            for line in lines[fatal:]:
+                out(line)
+            os._exit(1)
         if body.get("stream"):  # server-sent events, one token per chunk, usage last
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -228,13 +246,17 @@ sys.exit(0)
 
 def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | None = None,
                 noep_log: Path | None = None,
-                deepep_crash_log: Path | None = None) -> tuple[Path, Path]:
+                deepep_crash_log: Path | None = None,
+                traffic_crash_log: Path | None = None) -> tuple[Path, Path]:
     """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
     recorded log, or {backend: log} to replay the one of the backend asked for; `graphs_log`
     and `noep_log`: the recorded logs replayed for a serve without --enforce-eager and one
     without --enable-expert-parallel (absent: `log`, whatever it says, and the gates judge);
     `deepep_crash_log`: replayed, then exit 1, by an EP serve on a DeepEP backend started while
-    another such double is alive (absent: DeepEP servers coexist)."""
+    another such double is alive (absent: DeepEP servers coexist); `traffic_crash_log`: replayed
+    by an EP serve with CUDA graphs on a DeepEP backend up to its ready line, then from its first
+    failed assertion on at the first streamed request, and the double exits 1 (absent: such a
+    serve answers like any other)."""
     stem = log.stem if isinstance(log, Path) else "by-backend"
     record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
@@ -245,6 +267,8 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
                                   graphs_log=str(graphs_log) if graphs_log else None,
                                   noep_log=str(noep_log) if noep_log else None,
                                   deepep_crash_log=str(deepep_crash_log) if deepep_crash_log
+                                  else None,
+                                  traffic_crash_log=str(traffic_crash_log) if traffic_crash_log
                                   else None))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record

@@ -268,3 +268,19 @@ def test_a_cell_warms_up_with_at_least_one_full_batch():
     assert [sweep.cell_warmup({**p, "warmup_full_batch": False}, c) for c in (4, 8, 32)] == \
         [8, 8, 8]
     assert sweep.cell_warmup({"warmup_requests": 0}, 32) == 0  # a params.json without the key
+
+
+def test_aiperf_exit_error_box_becomes_one_plain_line():
+    """What AIPerf 0.13 printed on 2x H200 when every request failed (its server had died; run
+    gpu-2xh200-deepep-vllm-20261130d): a coloured box, unwrapped to one line without the
+    terminal's escape codes, the reason and the log file kept."""
+    from lib.door import REPO_ROOT
+
+    recorded = (REPO_ROOT / "results" / "gpu-2xh200-deepep-vllm-20261130d" / "calls"
+                / "06_multicomm" / "2454.stdout").read_text()
+    assert "\x1b[1;31m" in recorded
+    tail = sweep._tail(recorded)
+    assert "\x1b" not in tail and "\n" not in tail and "│" not in tail
+    assert tail.startswith("Exit Errors")
+    assert "Reason: All 48 inference request(s) failed." in tail
+    assert tail.endswith("aiperf-vllm-graphs-ep-c4/logs/aiperf.log")

@@ -360,3 +360,24 @@ def test_expert_parallel_off_gate_fails_on_what_a_serve_without_ep_never_logs():
     assert expert_parallel_off_gate(text, dp_size=1)["status"] == "FAIL"
     bare = "\n".join(l for l in missing.splitlines() if "all2all manager" not in l)
     assert expert_parallel_off_gate(bare, dp_size=1)["status"] == "PASS"
+
+
+def test_first_fatal_line_of_a_server_that_died_and_none_of_one_that_did_not():
+    """Run gpu-2xh200-deepep-vllm-20261130d on 2x H200: graphs+EP on deepep_v2 died under
+    traffic (a device-side assert, then AcceleratorError, then the engine's fatal error); the
+    eager servers beside it were stopped cleanly and their logs name nothing fatal."""
+    from lib.vllm_logs import first_fatal_line
+
+    run = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
+    died = (run / "06_multicomm" / "vllm-graphs-ep-1.log").read_text()
+    quote = first_fatal_line(died, log_name="06_multicomm/vllm-graphs-ep-1.log")
+    assert quote.startswith("06_multicomm/vllm-graphs-ep-1.log:")
+    assert "IndexKernel.cu:111" in quote and "index out of bounds" in quote
+    lineno = int(quote.split(":")[1])
+    assert "Assertion" in died.splitlines()[lineno - 1]
+    last_assert = max(i for i, l in enumerate(died.splitlines(), 1) if "Assertion" in l)
+    after = first_fatal_line(died, after_line=last_assert)  # what followed the asserts
+    assert after and ("AcceleratorError" in after or "CUDA error: " in after
+                      or "fatal error" in after)
+    for clean in ("vllm-eager-ep-1.log", "vllm-eager-ep-2.log", "vllm-eager-noep.log"):
+        assert first_fatal_line((run / "06_multicomm" / clean).read_text()) is None, clean

@@ -6,15 +6,17 @@ the 1.2 B-parameter one; the double reads its expert count from config.json)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from lib import params, report, serve, serve_vllm
-from lib.door import Door
+from lib.door import Door, read_transcript
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
-from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_BESIDE_DEEPEP_LOG, DEEPEP_LOG, FIXTURES,
+from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_BESIDE_DEEPEP_LOG,
+                                   DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG, DEEPEP_LOG, FIXTURES,
                                    GRAPHS_LOG, NOEP_LOG, listening, make_double, nccl_site)
 
 pytestmark = [
@@ -255,6 +257,117 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     replay = stage("06_multicomm", replay=True)
     lever.run(replay)
     replay.finish()
+
+
+def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured_no_more(
+        tmp_path, monkeypatch):
+    """06 on deepep_v2 as it went on 2x H200 (run gpu-2xh200-deepep-vllm-20261130d): graphs+EP
+    passes every startup gate, then vLLM dies on the first batched step of AIPerf's traffic (its
+    recorded log replayed) and exits 1. Its gate `server up through its cells` FAILs quoting the
+    log's first fatal line; its later cells are SKIPs, its server is not started again; the
+    other arms are measured and gated as usual; the graphs ratios FAIL with no paired repeat; a
+    replay computes the same gates."""
+    double, _ = make_double(tmp_path, DEEPEP_LOG, noep_log=DEEPEP_06 / "vllm-eager-noep.log",
+                            deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG,
+                            traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG)
+    serve_with(monkeypatch, double)
+    run_dir = tmp_path / "run"
+    deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
+              "deepep_dir": str(tmp_path / "DeepEP")}
+
+    def stage(name: str, replay: bool = False) -> Stage:
+        given = {k: v for k, v in {**SMALL, **deepep}.items() if k in params.STAGE_PARAMS[name]}
+        return Stage(name, params.resolve(name, given), run_dir,
+                     Door(run_dir, name, replay=replay), run_dir if replay else None)
+
+    s04 = stage("04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    s06 = stage("06_multicomm")
+    data = lever.run(s06)
+    s06.finish()
+    gates = {g.gate: g for g in s06.gates}
+    died = gates["graphs+EP, start 1: server up through its cells"]
+    assert died.status == "FAIL"
+    assert died.observed == {"exit_code": 1, "died_during": "aiperf vllm-graphs-ep c1 repeat 1"}
+    assert "IndexKernel.cu:111" in died.reason and "index out of bounds" in died.reason
+    assert died.evidence[0].startswith("06_multicomm/vllm-graphs-ep-1.log:")
+    # the servers that lived have no such gate: their token-count gates read /metrics after
+    # every cell (so a run recorded before this gate replays)
+    assert [g for g in gates if g.endswith("server up through its cells")] == [died.gate]
+    assert gates["aiperf vllm-eager-ep c2 repeat 2: vLLM counted the generated tokens"].status \
+        == "PASS"
+    # the crash's own cell FAILs; every later graphs+EP cell is a SKIP, never a FAIL
+    assert gates["aiperf vllm-graphs-ep c1 repeat 1: AIPerf exit 0"].status == "FAIL"
+    later = [g for g in s06.gates if g.gate.startswith("aiperf vllm-graphs-ep")
+             and g.gate.endswith(": measured")]
+    assert [(g.gate, g.status) for g in later] == [
+        ("aiperf vllm-graphs-ep c2 repeat 1: measured", "SKIP"),
+        ("aiperf vllm-graphs-ep c1 repeat 2: measured", "SKIP"),
+        ("aiperf vllm-graphs-ep c2 repeat 2: measured", "SKIP")]
+    assert all("exited (code 1) during aiperf vllm-graphs-ep c1 repeat 1" in g.reason
+               for g in later)
+    starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
+              if '"kind": "start"' in line and '"stage": "06_multicomm"' in line]
+    assert [Path(e["log"]).name for e in starts] == [
+        "vllm-eager-noep.log", "vllm-eager-ep-1.log", "vllm-graphs-ep-1.log",
+        "vllm-eager-ep-2.log"]
+    summary = data["summary"]
+    assert len(summary[summary.arm == "vllm-graphs-ep"]) == 1  # the one cell that ran
+    assert len(summary[summary.arm == "vllm-eager-ep"]) == 4
+    fails = {g.gate for g in s06.gates if g.status == "FAIL"}
+    assert all("graphs" in name for name in fails), sorted(fails)
+    ratios = {(r["b"], r["concurrency"]): r for r in data["ratios"]}
+    assert ratios[("graphs+EP", 1)]["n"] == 0 and ratios[("eager, no EP", 1)]["n"] == 2
+    replay = stage("06_multicomm", replay=True)
+    lever.run(replay)
+    replay.finish()
+    assert [(g.gate, g.status) for g in replay.gates] == [(g.gate, g.status) for g in s06.gates]
+
+
+def test_only_a_server_that_exits_by_itself_fails_and_a_live_one_costs_no_call(tmp_path):
+    """What the cells saw of a server, on real processes through the door: /metrics answered
+    after a cell (no call, no gate); it did not while the process runs on (polled
+    EXIT_WAIT_S times, no gate: the cell's own gates FAIL); the process gone with an exit code
+    and nothing fatal in its log (FAIL, and the gate says the log names nothing)."""
+    from types import SimpleNamespace
+
+    run_dir = tmp_path / "run"
+    stage = Stage("06_multicomm", params.resolve("06_multicomm", {"engine": "vllm"}), run_dir,
+                  Door(run_dir, "06_multicomm"), None)
+    stage.door.sleep = lambda seconds: None  # the waits for a hung server, not their seconds
+
+    def server(argv, log):
+        proc = stage.door.start(argv, log_path=stage.path(log))
+        return SimpleNamespace(proc=proc, log_path=stage.path(log))
+
+    def polls():
+        return [e for e in read_transcript(run_dir / "transcript.jsonl") if e["kind"] == "poll"]
+
+    running = server(["sleep", "60"], "vllm-eager-ep.log")
+    try:
+        alive = serving_ab.ServerLife("eager+EP")
+        for cell in ("c1", "c2"):
+            alive.watch(stage, running, cell, {"status": 200})
+        assert polls() == [] and alive.exit_gate(stage, running) is None
+        hung = serving_ab.ServerLife("graphs+EP, start 1")
+        hung.watch(stage, running, "c3", {"status": None})
+        assert len(polls()) == serving_ab.EXIT_WAIT_S
+        assert hung.exit_code is None and hung.exit_gate(stage, running) is None
+    finally:
+        stage.door.stop(running.proc)
+    gone = server(["sh", "-c", "echo loading; exit 3"], "vllm-graphs-ep-2.log")
+    for _ in range(100):  # the shell is quick; the watch below must see its exit
+        if stage.door.poll(gone.proc) is not None:
+            break
+        time.sleep(0.05)
+    dead = serving_ab.ServerLife("graphs+EP, start 2")
+    dead.watch(stage, gone, "c4", {"status": None})
+    gate = dead.exit_gate(stage, gone)
+    assert gate.status == "FAIL" and gate.observed == {"exit_code": 3, "died_during": "c4"}
+    assert gate.gate == "graphs+EP, start 2: server up through its cells"
+    assert "its log names no fatal error" in gate.reason
+    assert gate.evidence == ["06_multicomm/vllm-graphs-ep-2.log"]
 
 
 def test_deepep_arms_are_served_one_at_a_time_and_the_repeats_alternate_them():

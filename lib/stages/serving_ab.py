@@ -23,7 +23,9 @@ of repeats 1 and 2 share one server, eager+EP is started again for repeat 2):
 Per repeat and concurrency one AIPerf cell per arm, the arms' order reversed on every other
 repeat. Each ratio (graphs+EP / eager+EP, no EP / eager+EP) of output tokens/s at each concurrency
 comes with a paired bootstrap interval (lib.stats). Every number is gated by its server's log (the
-backend, the EP split or its absence, eager or graphs) and by vLLM's own token count. The
+backend, the EP split or its absence, eager or graphs) and by vLLM's own token count. A server that
+exits by itself during its cells FAILs `server up through its cells`, quoting the first fatal line
+of its log; its arm's remaining cells are SKIPs and it is not started again. The
 cluster's arms (deepep_v2 against allgather_reducescatter over EFA, EP_NUM_COMMS 1 against 8)
 are SKIPs here with their reason.
 
@@ -40,7 +42,7 @@ from typing import Any
 
 import pandas as pd
 
-from lib import serve, serve_vllm, stats, sweep
+from lib import serve, serve_vllm, stats, sweep, vllm_logs
 from lib.evidence import gate, skip
 from lib.hardware import cuda_device_count
 from lib.stage import Stage
@@ -69,6 +71,7 @@ ARMS = (BASELINE, Arm("graphs+EP", "vllm-graphs-ep", False, True),
 # (arm b, over arm a): each ratio is b / a of output tokens per second
 COMPARISONS = (("graphs+EP", "eager+EP"), ("eager, no EP", "eager+EP"))
 SERVERS_FILE = "servers.json"  # the A/B's server layout and each server's time to ready
+EXIT_WAIT_S = 10  # after a cell whose /metrics failed: how long a dying server has to exit
 CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_COMMS 1 against 8 "
                 "(the multicomm overlay): both need DeepEP's ElasticBuffer with GIN over an RDMA "
                 "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
@@ -112,10 +115,12 @@ def holds_deepep_buffer(arm: Arm, backend: str) -> bool:
 
 def exclusive_arms(arms: tuple[Arm, ...], backend: str) -> tuple[Arm, ...]:
     """The arms whose servers must not be up at the same time: every DeepEP arm, when there are
-    two or more. Measured on 2x H200 (results/gpu-2xh200-deepep-vllm-20261130c.notes.md): a
+    two or more. Seen once on 2x H200 (results/gpu-2xh200-deepep-vllm-20261130c.notes.md): a
     second deepep_v2 server started beside the first crashed in CUDA graph capture with an
-    illegal memory access, and an earlier time took 85 s to capture what it captures alone in
-    6 s; one DeepEP server beside allgather_reducescatter ones (05's backend A/B) was fine."""
+    illegal memory access. (The 85 s capture of an earlier run beside one was cold caches, not
+    the neighbour: alone, a first start captured in 83 s and the next in 3 s, run
+    gpu-2xh200-deepep-vllm-20261130d.) One DeepEP server beside allgather_reducescatter ones
+    (05's backend A/B) was fine. The cost of caution: a DeepEP server started per block."""
     deepep = tuple(arm for arm in arms if holds_deepep_buffer(arm, backend))
     return deepep if len(deepep) > 1 else ()
 
@@ -176,6 +181,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
           flush=True)
     runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
     started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
+    lives: dict[int, ServerLife] = {}  # id(server) -> what its cells saw of it
 
     def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
         """Start the arm's server inside `stack`. `start`: which start of an exclusive arm's
@@ -189,6 +195,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             gate_prefix=arm.name + where,
             log_name=f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log"))
         started[arm.slug].append(server)
+        lives[id(server)] = ServerLife(arm.name + where)
         return server
 
     with ExitStack() as stack:
@@ -212,6 +219,16 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
         stack.callback(lambda: arm_stack.close())  # whichever exclusive server is up at the end
         try:
             for index, (repeat, concurrency, arm, shape) in enumerate(order, 1):
+                cell, name = sweep.Cell(repeat, concurrency), cell_arm(arm, shape, shapes)
+                gone = next((lives[id(s)] for s in started[arm.slug]
+                             if lives[id(s)].exit_code is not None), None)
+                if gone:  # its server died in an earlier cell: the arm is not started again
+                    stage.add(skip(f"{cell.label(name)}: measured",
+                                   f"not run: {gone.label}'s server exited (code "
+                                   f"{gone.exit_code}) during {gone.died_during}"))
+                    print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}: "
+                          "not run, its server is gone", flush=True)
+                    continue
                 if arm in exclusive and up != arm:
                     arm_stack.close()  # the previous DeepEP server is gone before the next starts
                     arm_stack, up = ExitStack(), arm
@@ -220,23 +237,29 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                     why = _server_problem(server)
                     if why:
                         return _not_measured(stage, f"{arm.slug}, start {start}: {why}", [])
-                cell = sweep.Cell(repeat, concurrency)
-                server, name = servers[arm.slug], cell_arm(arm, shape, shapes)
+                server = servers[arm.slug]
                 before = sweep.scrape_metrics(stage, server, cell, f"{name}.before")
                 r = sweep.run_cell(stage, server, cell, engine="vllm", mmap_dir=mmap_dir,
                                    arm=name, shape=(shape.input_tokens, shape.output_tokens))
                 r.metrics = (before, sweep.scrape_metrics(stage, server, cell, f"{name}.after"))
                 runs[(arm.slug, shape.name)].append(r)
+                lives[id(server)].watch(stage, server, cell.label(name), r.metrics[1])
                 row = sweep.read_cell_row(stage, cell, name, p["request_count"]).iloc[0]
                 print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}"
                       f"{'' if len(shapes) == 1 else ', ' + shape.name}: AIPerf exit {r.rc}, "
                       f"{_fmt(row['output_tps'])} output tok/s", flush=True)
         finally:
             stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
-    cells = sweep.plan_cells(p["concurrency"], repeats)
-    frame = pd.concat([sweep.summary_table(stage, cells, cell_arm(arm, shape, shapes),
-                                           p["request_count"])
-                       for shape in shapes for arm in arms], ignore_index=True)
+    for arm in arms:  # a server that died under traffic: its FAIL, with the reason from its log
+        for server in started[arm.slug]:
+            died = lives[id(server)].exit_gate(stage, server)
+            if died:
+                stage.add(died)
+    # the cells that ran (an arm whose server died is not measured after it)
+    frame = pd.concat([sweep.summary_table(stage, [r.cell for r in runs[(arm.slug, shape.name)]],
+                                           cell_arm(arm, shape, shapes), p["request_count"])
+                       for shape in shapes for arm in arms if runs[(arm.slug, shape.name)]],
+                      ignore_index=True)
     summary_files = sweep.write_summary(stage, frame)
     for shape in shapes:
         for arm in arms:
@@ -271,6 +294,46 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             "startup_s": {arm.name: started[arm.slug][0].startup_s for arm in arms},
             "ready_s": {arm.name: started[arm.slug][0].ready_s for arm in arms},
             "ready_s_each": {arm.name: [s.ready_s for s in started[arm.slug]] for arm in arms}}
+
+
+@dataclass
+class ServerLife:
+    """What the cells of one server saw of it. vLLM 0.24.0 can pass every startup gate and die
+    on the first batched step of real traffic (graphs+EP on deepep_v2, 2x H200: run
+    gpu-2xh200-deepep-vllm-20261130d); its API server then exits by itself, and every later cell
+    would fail against a closed port. A server alive through its cells needs no gate of its
+    own: each cell's `vLLM counted the generated tokens` read its /metrics after the cell."""
+    label: str  # the arm, and which start: as its gates say it
+    exit_code: int | None = None
+    died_during: str | None = None
+    fatal_line: str | None = None
+
+    def watch(self, stage: Stage, server, cell: str, after: dict) -> None:
+        """After a cell whose closing /metrics did not answer: whether the server is gone (it
+        has EXIT_WAIT_S seconds to finish exiting), and why (the first fatal line of its log).
+        A server that answered costs no call: recordings from before this check replay."""
+        if after["status"] == 200:
+            return
+        for _ in range(EXIT_WAIT_S):
+            code = stage.door.poll(server.proc)
+            if code is not None:
+                self.exit_code, self.died_during = code, cell
+                self.fatal_line = vllm_logs.first_fatal_line(
+                    stage.door.read_text(server.log_path) or "", log_name=stage.rel(server.log_path))
+                return
+            stage.door.sleep(1.0)
+
+    def exit_gate(self, stage: Stage, server):
+        """The FAIL of a server that exited by itself during its cells; None while it lived."""
+        if self.exit_code is None:
+            return None
+        return gate(f"{self.label}: server up through its cells", False,
+                    {"exit_code": self.exit_code, "died_during": self.died_during},
+                    "up until stopped",
+                    f"vLLM exited {self.exit_code} by itself during {self.died_during}; "
+                    + (f"the first fatal line of its log: {self.fatal_line}" if self.fatal_line
+                       else "its log names no fatal error"),
+                    [self.fatal_line or stage.rel(server.log_path)])
 
 
 def _not_measured(stage: Stage, reason: str, not_started: list[Arm]) -> dict[str, Any]:

@@ -189,6 +189,11 @@ _PARAMS = [
     Param("request_count", "an integer >= 1", _int_at_least(1),
           {"local": 16, "local:vllm": 48, "*": 128},
           "measured requests per cell"),
+    Param("requests_per_slot", "an integer >= 0", _int_at_least(0), {"*": 5},
+          "each cell measures at least this many requests per concurrency slot: "
+          "max(request_count, requests_per_slot x concurrency), the public review's 5x "
+          "requests per level (48 requests at concurrency 32 are one and a half waves, mostly "
+          "ramp and tail); 0: request_count at every level", legacy=0),
     Param("warmup_requests", "an integer >= 0", _int_at_least(0),
           {"local": 2, "local:vllm": 8, "*": 16},
           "unmeasured warmup requests per cell"),
@@ -224,8 +229,8 @@ COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", 
           "namespace")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
          "deepep_dir")
-TRAFFIC = ("concurrency", "request_count", "warmup_requests", "warmup_full_batch",
-           "input_tokens", "output_tokens")
+TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests",
+           "warmup_full_batch", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters", "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -93,6 +93,24 @@ def cell_warmup(p: dict, concurrency: int) -> int:
     return max(warmup, concurrency) if p.get("warmup_full_batch") else warmup
 
 
+def cell_requests(p: dict, concurrency: int) -> int:
+    """Measured requests of one cell: request_count, raised to requests_per_slot x concurrency
+    (runs recorded before it: as given). 48 requests at concurrency 32 are 1.5 waves: on 2x
+    H200 such cells read 1558, 2794 and 3540 tok/s in three repeats of one arm (run
+    gpu-2xh200-deepep-vllm-20261130d); the public review asked for 5x requests per level."""
+    return max(p["request_count"], (p.get("requests_per_slot") or 0) * concurrency)
+
+
+def requests_said(p: dict) -> str:
+    """The measured requests per cell, as a line says them: one number when every level has
+    the same, else one per level."""
+    counts = [cell_requests(p, c) for c in p["concurrency"]]
+    if len(set(counts)) == 1:
+        return str(counts[0])
+    return (" / ".join(map(str, counts)) + " (at concurrency "
+            + " / ".join(map(str, p["concurrency"])) + ")")
+
+
 def cell_timeout_s(request_count: int, warmup_requests: int, output_tokens: int,
                    concurrency: int) -> float:
     per_request = PER_REQUEST_TIMEOUT_S * max(1.0, output_tokens / 16)
@@ -129,6 +147,7 @@ class CellRun:
     rss_bytes: int | None
     # vLLM: (before, after) of scrape_metrics, each {"file": ..., "generation_tokens": ...}
     metrics: tuple | None = None
+    requests: int | None = None  # measured requests asked of AIPerf (lib.sweep.cell_requests)
 
 
 _BOX = str.maketrans({c: " " for c in "│╭╮╰╯─┃━┏┓┗┛"})
@@ -152,12 +171,13 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
     out = cell_dir(stage, cell, arm or engine)
     input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
     warmup = cell_warmup(p, cell.concurrency)
+    requests = cell_requests(p, cell.concurrency)
     argv = aiperf_argv(
         engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
-        request_count=p["request_count"], warmup_requests=warmup,
+        request_count=requests, warmup_requests=warmup,
         input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
         artifact_dir=out, cores=server.client_cores)
-    timeout = cell_timeout_s(p["request_count"], warmup, output_tokens, cell.concurrency)
+    timeout = cell_timeout_s(requests, warmup, output_tokens, cell.concurrency)
     call = stage.door.run(bounded(argv, timeout), timeout=timeout + KILL_AFTER_S + 30,
                           env=aiperf_env(mmap_dir), check=False)
     rss = server_rss(stage.door, server)
@@ -168,7 +188,7 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
                f"calls/{stage.name}/{call.seq:04d}.stderr"]
     timed_out = call.timed_out or call.rc in TIMEOUT_CODES
     return CellRun(cell, call.rc, timed_out, call.duration_s,
-                   _tail(call.stdout + "\n" + call.stderr), streams, rss)
+                   _tail(call.stdout + "\n" + call.stderr), streams, rss, requests=requests)
 
 
 def redact_tree(folder: Path) -> None:
@@ -233,9 +253,13 @@ def read_cell_row(stage, cell: Cell, arm: str, requested: int) -> pd.DataFrame:
         return pd.DataFrame([row])
 
 
-def summary_table(stage, cells: list[Cell], arm: str, requested: int) -> pd.DataFrame:
-    """The one schema (lib.aiperf.SUMMARY_COLUMNS), a row per cell, paths run-relative."""
-    frames = [read_cell_row(stage, cell, arm, requested) for cell in cells]
+def summary_table(stage, cells: list[Cell], arm: str,
+                  requested: int | Callable[[int], int]) -> pd.DataFrame:
+    """The one schema (lib.aiperf.SUMMARY_COLUMNS), a row per cell, paths run-relative.
+    `requested`: the measured requests of every cell, or of a cell by its concurrency."""
+    frames = [read_cell_row(stage, cell, arm,
+                            requested(cell.concurrency) if callable(requested) else requested)
+              for cell in cells]
     dtypes = aiperf_export.empty_summary().dtypes.to_dict()
     frame = pd.concat([f.astype(object) for f in frames], ignore_index=True)
     frame = frame.reindex(columns=list(aiperf_export.SUMMARY_COLUMNS))
@@ -438,11 +462,13 @@ def scrape_metrics(stage, server: Server, cell: Cell, when: str) -> dict:
 
 def token_count_gates(runs: list[CellRun], request_count: int, output_tokens: int,
                       arm: str) -> list[Gate]:
-    """Per cell: vLLM's generation_tokens_total grew by at least request_count x output_tokens
-    (warmup requests add more; ignore_eos makes every request generate exactly output_tokens).
-    The server's own count, independent of AIPerf's parsing of the stream."""
+    """Per cell: vLLM's generation_tokens_total grew by at least the cell's measured requests
+    (request_count for a run that does not say) x output_tokens (warmup requests add more;
+    ignore_eos makes every request generate exactly output_tokens). The server's own count,
+    independent of AIPerf's parsing of the stream."""
     gates = []
     for r in runs:
+        requested = request_count if r.requests is None else r.requests
         name = f"{r.cell.label(arm)}: vLLM counted the generated tokens"
         before, after = r.metrics or (None, None)
         if not before or not after or before["generation_tokens"] is None \
@@ -453,9 +479,9 @@ def token_count_gates(runs: list[CellRun], request_count: int, output_tokens: in
                               []))
             continue
         grew = after["generation_tokens"] - before["generation_tokens"]
-        want = request_count * output_tokens
+        want = requested * output_tokens
         gates.append(gate(name, grew >= want, int(grew), f">= {want}",
                           f"{GENERATION_TOKENS} summed over the DP engines grew by {grew:.0f} "
-                          f"({request_count} measured requests x {output_tokens} tokens = {want}, "
+                          f"({requested} measured requests x {output_tokens} tokens = {want}, "
                           "plus warmup)", [before["file"], after["file"]]))
     return gates

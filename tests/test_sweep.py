@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from lib import aiperf as aiperf_export
 from lib import evidence, models, params, serve, sweep
@@ -284,3 +285,26 @@ def test_aiperf_exit_error_box_becomes_one_plain_line():
     assert tail.startswith("Exit Errors")
     assert "Reason: All 48 inference request(s) failed." in tail
     assert tail.endswith("aiperf-vllm-graphs-ep-c4/logs/aiperf.log")
+
+
+def test_a_cell_measures_at_least_requests_per_slot_times_its_concurrency():
+    """The public review's 5x requests per level: at the vLLM defaults (48 requests) c4 and c8
+    keep 48 and c32 measures 160, five waves instead of one and a half; 0 turns it off; a run
+    recorded before the parameter existed replays with 0 (its legacy value)."""
+    p = params.resolve("05_sweep", {"engine": "vllm"})
+    assert p["requests_per_slot"] == 5 and p["request_count"] == 48
+    assert [sweep.cell_requests(p, c) for c in (4, 8, 32)] == [48, 48, 160]
+    assert sweep.requests_said(p) == "48 / 48 / 160 (at concurrency 4 / 8 / 32)"
+    off = {**p, "requests_per_slot": 0}
+    assert [sweep.cell_requests(off, c) for c in (4, 8, 32)] == [48, 48, 48]
+    assert sweep.requests_said(off) == "48"
+    assert params.PARAMS["requests_per_slot"].legacy == 0
+    before = {k: v for k, v in p.items() if k != "requests_per_slot"}  # a run's params.json
+    assert sweep.cell_requests(before, 32) == 48
+    with pytest.raises(params.ParameterError, match="requests_per_slot"):
+        params.resolve("05_sweep", {"requests_per_slot": -1})
+    argv = sweep.aiperf_argv(engine="vllm", model_dir="m", url="http://127.0.0.1:1",
+                             concurrency=32, request_count=sweep.cell_requests(p, 32),
+                             warmup_requests=32, input_tokens=120, output_tokens=128, seed=0,
+                             artifact_dir="a", cores=None)
+    assert argv[argv.index("--request-count") + 1] == "160"

@@ -177,7 +177,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
               f"its block of cells; {resident} up throughout")
     print(f"serving A/B: {layout} on {gpus} GPUs, "
           f"{len(order)} cells ({repeats} repeats x concurrency {p['concurrency']} x "
-          f"{len(arms)} arms x {len(shapes)} shape(s)), {p['request_count']} requests each",
+          f"{len(arms)} arms x {len(shapes)} shape(s)), {sweep.requests_said(p)} requests each",
           flush=True)
     runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
     started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
@@ -244,7 +244,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                 r.metrics = (before, sweep.scrape_metrics(stage, server, cell, f"{name}.after"))
                 runs[(arm.slug, shape.name)].append(r)
                 lives[id(server)].watch(stage, server, cell.label(name), r.metrics[1])
-                row = sweep.read_cell_row(stage, cell, name, p["request_count"]).iloc[0]
+                row = sweep.read_cell_row(stage, cell, name, r.requests).iloc[0]
                 print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}"
                       f"{'' if len(shapes) == 1 else ', ' + shape.name}: AIPerf exit {r.rc}, "
                       f"{_fmt(row['output_tps'])} output tok/s", flush=True)
@@ -257,7 +257,8 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                 stage.add(died)
     # the cells that ran (an arm whose server died is not measured after it)
     frame = pd.concat([sweep.summary_table(stage, [r.cell for r in runs[(arm.slug, shape.name)]],
-                                           cell_arm(arm, shape, shapes), p["request_count"])
+                                           cell_arm(arm, shape, shapes),
+                                           lambda c: sweep.cell_requests(p, c))
                        for shape in shapes for arm in arms if runs[(arm.slug, shape.name)]],
                       ignore_index=True)
     summary_files = sweep.write_summary(stage, frame)

@@ -84,7 +84,7 @@ def run(stage: Stage) -> dict[str, Any]:
         return {"skipped": reason}
     stage.add(same_model_gate(stage, model))
     print(f"sweep: {len(cells)} cells = concurrency {p['concurrency']} x {p['repeats']} repeats, "
-          f"{p['request_count']} requests (+{warmup_said(p)} warmup) each, "
+          f"{sweep.requests_said(p)} requests (+{warmup_said(p)} warmup) each, "
           f"~{p['input_tokens']} tokens in, {p['output_tokens']} out", flush=True)
     with server_for(stage, model, engine) as server:
         problem = server_problem(server)
@@ -92,7 +92,7 @@ def run(stage: Stage) -> dict[str, Any]:
             stage.add(*sweep.skip_cells(cells, engine, problem))
             return {"skipped": problem}
         runs, memory = measure(stage, server, cells, engine)
-    frame = sweep.summary_table(stage, cells, engine, p["request_count"])
+    frame = sweep.summary_table(stage, cells, engine, lambda c: sweep.cell_requests(p, c))
     summary_files = sweep.write_summary(stage, frame)
     for r in runs:
         stage.add(sweep.exit_gate(r, engine))
@@ -145,8 +145,9 @@ def measure(stage: Stage, server, cells, engine: str):
     runs = []
     try:
         for index, cell in enumerate(cells, 1):
+            requests = sweep.cell_requests(stage.params, cell.concurrency)
             print(f"[{index}/{len(cells)}] repeat {cell.repeat}, concurrency {cell.concurrency}: "
-                  f"{stage['request_count']} requests ...", flush=True)
+                  f"{requests} requests ...", flush=True)
             before = sweep.scrape_metrics(stage, server, cell, "before") if engine == "vllm" \
                 else None
             r = sweep.run_cell(stage, server, cell, engine=engine, mmap_dir=mmap_dir)
@@ -154,10 +155,10 @@ def measure(stage: Stage, server, cells, engine: str):
                 r.metrics = (before, sweep.scrape_metrics(stage, server, cell, "after"))
             runs.append(r)
             rss = f"{r.rss_bytes / 2 ** 20:.0f} MiB" if r.rss_bytes else "unknown"
-            row = sweep.read_cell_row(stage, cell, engine, stage["request_count"]).iloc[0]
+            row = sweep.read_cell_row(stage, cell, engine, requests).iloc[0]
             done = _count(row, "requests_completed")
             print(f"    AIPerf exit {r.rc} in {r.duration_s:.1f} s: {done}"
-                  f"/{stage['request_count']} completed, {_count(row, 'errors')} errors, "
+                  f"/{requests} completed, {_count(row, 'errors')} errors, "
                   f"{_rate(row['output_tps'])} output tokens/s; server RSS {rss}", flush=True)
     finally:
         stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)

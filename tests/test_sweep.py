@@ -146,7 +146,8 @@ def test_stage_05_measures_and_replays(tmp_path):
     assert list(summary.columns) == list(aiperf_export.SUMMARY_COLUMNS)
     row = summary.iloc[0]
     assert (row["arm"], row["concurrency"], row["repeat"]) == ("transformers", 2, 1)
-    assert row["errors"] == 0 and row["requests_completed"] == 6 == row["requests_requested"]
+    # 6 asked, at least requests_per_slot (5) per slot at concurrency 2: AIPerf was asked for 10
+    assert row["errors"] == 0 and row["requests_completed"] == 10 == row["requests_requested"]
     assert row["output_tps"] > 0 and row["output_tokens_mean"] == 16
     assert not str(row["source"]).startswith("/")  # run-relative, so a replay shows the same
     assert json.loads((stage.dir / "summary.json").read_text())[0]["errors"] == 0
@@ -172,7 +173,7 @@ def test_failed_requests_give_an_error_row_and_failing_gates(tmp_path):
     model_dir = models.build(0)["model_dir"]
     stage = make_stage(tmp_path / "run", "05_sweep",
                        {"concurrency": [1], "repeats": 1, "request_count": 3,
-                        "warmup_requests": 0})
+                        "requests_per_slot": 0, "warmup_requests": 0})
     port = stage.door.free_port()
     nowhere = serve.Server(model_dir, port, stage.path("server.log"))
     cell = sweep.Cell(1, 1)

@@ -180,10 +180,11 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
     assert [(r["shape"], r["b"], r["a"], r["n"]) for r in ratios] == [
         ("decode", "deepep_v2", "allgather_reducescatter", 2),
         ("prefill", "deepep_v2", "allgather_reducescatter", 2)]
-    # the prefill cells asked for the prefill shape's output length, and vLLM's counter agrees
+    # the prefill cells asked for the prefill shape's output length, and vLLM's counter agrees;
+    # 3 requests asked, at least 5 per slot at concurrency 2: 10 measured
     prefill = [g for n, g in gates.items()
                if "prefill" in n and n.endswith("vLLM counted the generated tokens")]
-    assert prefill and all(g.expected == f">= {3 * 4}" for g in prefill)
+    assert prefill and all(g.expected == f">= {10 * 4}" for g in prefill)
     replay = Stage("05_sweep", params.resolve("05_sweep", given), run_dir,
                    Door(run_dir, "05_sweep", replay=True), run_dir)
     sweep_stage.run(replay)

@@ -70,7 +70,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
 GRAPHS_LOG, NOEP_LOG, DEEPEP_CRASH_LOG = {graphs_log!r}, {noep_log!r}, {deepep_crash_log!r}
-TRAFFIC_CRASH_LOG = {traffic_crash_log!r}
+TRAFFIC_CRASH_LOG, TRAFFIC_CRASH_ANY = {traffic_crash_log!r}, {traffic_crash_any!r}
 NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -85,8 +85,9 @@ if args[:3] != CLI or len(args) < 4 or "--port" not in args:
 model, port = args[3], int(args[args.index("--port") + 1])
 DEEPEP_EP = ("--enable-expert-parallel" in args and "--all2all-backend" in args
              and args[args.index("--all2all-backend") + 1].startswith("deepep"))
-CRASH_ON_TRAFFIC = bool(TRAFFIC_CRASH_LOG and DEEPEP_EP and "--enforce-eager" not in args)
-if CRASH_ON_TRAFFIC:  # graphs+EP on DeepEP, as recorded: ready, then dead at the first stream
+GRAPHS_ON_DEEPEP = DEEPEP_EP and "--enforce-eager" not in args
+CRASH_ON_TRAFFIC = bool(TRAFFIC_CRASH_LOG and (GRAPHS_ON_DEEPEP or TRAFFIC_CRASH_ANY))
+if CRASH_ON_TRAFFIC and GRAPHS_ON_DEEPEP:  # as recorded: ready, then dead at the first stream
     LOG = TRAFFIC_CRASH_LOG
 elif "--enable-expert-parallel" not in args and NOEP_LOG:  # the no-EP arm's own recording
     LOG = NOEP_LOG
@@ -193,9 +194,11 @@ class Handler(BaseHTTPRequestHandler):
         if CRASH_ON_TRAFFIC and body.get("stream"):
             # what vLLM wrote from its first fatal line on (a device-side assert on a batched
             # step), then the whole server gone, as its API server exited on 2x H200
-            fatal = next(i for i, l in enumerate(lines)
-                         if i > ready_at and re.search(r"Assertion .* failed", l))
-            for line in lines[fatal:]:
+            crash = open(TRAFFIC_CRASH_LOG, encoding="utf-8").read().splitlines()
+            ready = max(i for i, l in enumerate(crash) if "Application startup complete." in l)
+            fatal = next(i for i, l in enumerate(crash)
+                         if i > ready and re.search(r"Assertion .* failed", l))
+            for line in crash[fatal:]:
                 out(line)
             os._exit(1)
         if body.get("stream"):  # server-sent events, one token per chunk, usage last
@@ -247,7 +250,8 @@ sys.exit(0)
 def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | None = None,
                 noep_log: Path | None = None,
                 deepep_crash_log: Path | None = None,
-                traffic_crash_log: Path | None = None) -> tuple[Path, Path]:
+                traffic_crash_log: Path | None = None,
+                traffic_crash_any: bool = False) -> tuple[Path, Path]:
     """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
     recorded log, or {backend: log} to replay the one of the backend asked for; `graphs_log`
     and `noep_log`: the recorded logs replayed for a serve without --enforce-eager and one
@@ -256,7 +260,8 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
     another such double is alive (absent: DeepEP servers coexist); `traffic_crash_log`: replayed
     by an EP serve with CUDA graphs on a DeepEP backend up to its ready line, then from its first
     failed assertion on at the first streamed request, and the double exits 1 (absent: such a
-    serve answers like any other)."""
+    serve answers like any other); `traffic_crash_any`: every serve dies so at its first streamed
+    request, after replaying its own log up to ready."""
     stem = log.stem if isinstance(log, Path) else "by-backend"
     record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
@@ -269,7 +274,7 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
                                   deepep_crash_log=str(deepep_crash_log) if deepep_crash_log
                                   else None,
                                   traffic_crash_log=str(traffic_crash_log) if traffic_crash_log
-                                  else None))
+                                  else None, traffic_crash_any=traffic_crash_any))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record
 

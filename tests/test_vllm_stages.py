@@ -141,6 +141,42 @@ def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
     assert all(g.observed["port_listening"] is False for g in stopped)
 
 
+def test_a_sweep_whose_vllm_dies_says_why_and_runs_no_more_cells(tmp_path, monkeypatch):
+    """05 against a vLLM that dies at the first streamed request (the recorded crash of run
+    gpu-2xh200-deepep-vllm-20261130d replayed, exit 1): `vLLM: server up through its cells`
+    FAILs quoting the fatal line, the 5 cells left are SKIPs (not 5 more runs against a closed
+    port), `every planned cell measured` FAILs with 1 of 6, and a replay says the same."""
+    double, _ = make_double(tmp_path, ALLGATHER_LOG,
+                            traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG,
+                            traffic_crash_any=True)
+    serve_with(monkeypatch, double)
+    run_dir = tmp_path / "run"
+    s04 = open_stage(run_dir, "04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    s05 = open_stage(run_dir, "05_sweep")
+    sweep_stage.run(s05)
+    s05.finish()
+    gates = {g.gate: g for g in s05.gates}
+    died = gates["vLLM: server up through its cells"]
+    assert died.status == "FAIL" and died.observed == {
+        "exit_code": 1, "died_during": "aiperf vllm c1 repeat 1"}
+    assert "IndexKernel.cu:111" in died.reason
+    assert died.evidence[0].startswith("05_sweep/vllm.log:")
+    skipped = [g for g in s05.gates if g.gate.endswith(": measured")]
+    assert [g.status for g in skipped] == ["SKIP"] * 5
+    assert all("the sweep's server exited (code 1) during aiperf vllm c1 repeat 1" in g.reason
+               for g in skipped)
+    measured = gates["every planned cell measured"]
+    assert measured.status == "FAIL" and (measured.observed, measured.expected) == (1, 6)
+    aiperf_runs = [e for e in read_transcript(run_dir / "transcript.jsonl")
+                   if e["stage"] == "05_sweep" and e["kind"] == "run" and "profile" in e["key"]]
+    assert len(aiperf_runs) == 1
+    replay = open_stage(run_dir, "05_sweep", replay=True)
+    sweep_stage.run(replay)
+    replay.finish()
+
+
 def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
     """05 with ab_backends: allgather_reducescatter and deepep_v2 side by side (each double
     replays the real log of its backend), both traffic shapes, ratios per shape."""

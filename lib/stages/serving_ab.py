@@ -319,8 +319,9 @@ class ServerLife:
             code = stage.door.poll(server.proc)
             if code is not None:
                 self.exit_code, self.died_during = code, cell
+                log = stage.door.read_text(server.log_path) or ""
                 self.fatal_line = vllm_logs.first_fatal_line(
-                    stage.door.read_text(server.log_path) or "", log_name=stage.rel(server.log_path))
+                    log, log_name=stage.rel(server.log_path))
                 return
             stage.door.sleep(1.0)
 

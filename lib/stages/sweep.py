@@ -15,7 +15,9 @@ Artifacts in the stage folder::
     metrics/repeat_<r>/c<C>.{before,after}.prom   vLLM's /metrics around each cell (engine vllm)
 
 With engine 'vllm' the server is vLLM with 04's flags (lib.serve_vllm), measured only when its
-log proves the backend asked for; each cell also gates vLLM's own count of generated tokens.
+log proves the backend asked for; each cell also gates vLLM's own count of generated tokens. A
+vLLM that exits by itself mid-sweep FAILs `vLLM: server up through its cells` (the first fatal
+line of its log quoted) and the cells left are SKIPs.
 With ``ab_backends`` (e.g. allgather_reducescatter,deepep_v2) the stage is instead the backend
 A/B of lib.stages.serving_ab: one server per backend side by side, arms interleaved, the decode
 shape (input_tokens/output_tokens) and the prefill-heavy one (prefill_*_tokens).
@@ -91,8 +93,13 @@ def run(stage: Stage) -> dict[str, Any]:
         if problem:
             stage.add(*sweep.skip_cells(cells, engine, problem))
             return {"skipped": problem}
-        runs, memory = measure(stage, server, cells, engine)
-    frame = sweep.summary_table(stage, cells, engine, lambda c: sweep.cell_requests(p, c))
+        life = serving_ab.ServerLife("vLLM" if engine == "vllm" else engine)
+        runs, memory = measure(stage, server, cells, engine, life)
+    died = life.exit_gate(stage, server)
+    if died:  # vLLM exited by itself mid-sweep: why, from its log; its later cells are SKIPs
+        stage.add(died)
+    frame = sweep.summary_table(stage, [r.cell for r in runs], engine,
+                                lambda c: sweep.cell_requests(p, c))
     summary_files = sweep.write_summary(stage, frame)
     for r in runs:
         stage.add(sweep.exit_gate(r, engine))
@@ -139,12 +146,20 @@ def server_problem(server) -> str | None:
     return None
 
 
-def measure(stage: Stage, server, cells, engine: str):
+def measure(stage: Stage, server, cells, engine: str, life: "serving_ab.ServerLife"):
+    """AIPerf cell after cell against the stage's server. With vLLM, a cell whose closing
+    /metrics fails asks whether the server is gone (`life`); once it is, the cells left are
+    SKIPs, not runs against a closed port."""
     mmap_dir = stage.path(sweep.MMAP_FOLDER)
     after_ready = serve.server_rss(stage.door, server)
     runs = []
     try:
         for index, cell in enumerate(cells, 1):
+            if life.exit_code is not None:
+                stage.add(skip(f"{cell.label(engine)}: measured",
+                               f"not run: the sweep's server exited (code {life.exit_code}) "
+                               f"during {life.died_during}"))
+                continue
             requests = sweep.cell_requests(stage.params, cell.concurrency)
             print(f"[{index}/{len(cells)}] repeat {cell.repeat}, concurrency {cell.concurrency}: "
                   f"{requests} requests ...", flush=True)
@@ -153,6 +168,7 @@ def measure(stage: Stage, server, cells, engine: str):
             r = sweep.run_cell(stage, server, cell, engine=engine, mmap_dir=mmap_dir)
             if before is not None:
                 r.metrics = (before, sweep.scrape_metrics(stage, server, cell, "after"))
+                life.watch(stage, server, cell.label(engine), r.metrics[1])
             runs.append(r)
             rss = f"{r.rss_bytes / 2 ** 20:.0f} MiB" if r.rss_bytes else "unknown"
             row = sweep.read_cell_row(stage, cell, engine, requests).iloc[0]

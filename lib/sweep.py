@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from lib import aiperf as aiperf_export
-from lib import evidence
+from lib import evidence, vllm_logs
 from lib.door import REPO_ROOT, redact_file
 from lib.evidence import Gate, gate, skip
 from lib.serve import Server, pinned, server_rss
@@ -458,6 +458,51 @@ def scrape_metrics(stage, server: Server, cell: Cell, when: str) -> dict:
     return {"file": saved, "status": answer.status,
             "generation_tokens": metric_total(answer.body or "", GENERATION_TOKENS)
             if answer.status == 200 else None}
+
+
+# ---- a server's life through its cells -----------------------------------------------------------
+EXIT_WAIT_S = 10  # after a cell whose /metrics failed: how long a dying server has to exit
+
+
+@dataclass
+class ServerLife:
+    """What the cells of one server saw of it. vLLM 0.24.0 can pass every startup gate and die
+    on the first batched step of real traffic (graphs+EP on deepep_v2, 2x H200: run
+    gpu-2xh200-deepep-vllm-20261130d); its API server then exits by itself, and every later cell
+    would fail against a closed port. A server alive through its cells needs no gate of its
+    own: each cell's `vLLM counted the generated tokens` read its /metrics after the cell."""
+    label: str  # the arm, and which start: as its gates say it
+    exit_code: int | None = None
+    died_during: str | None = None
+    fatal_line: str | None = None
+
+    def watch(self, stage, server, cell: str, after: dict) -> None:
+        """After a cell whose closing /metrics did not answer: whether the server is gone (it
+        has EXIT_WAIT_S seconds to finish exiting), and why (the first fatal line of its log).
+        A server that answered costs no call: recordings from before this check replay."""
+        if after["status"] == 200:
+            return
+        for _ in range(EXIT_WAIT_S):
+            code = stage.door.poll(server.proc)
+            if code is not None:
+                self.exit_code, self.died_during = code, cell
+                log = stage.door.read_text(server.log_path) or ""
+                self.fatal_line = vllm_logs.first_fatal_line(
+                    log, log_name=stage.rel(server.log_path))
+                return
+            stage.door.sleep(1.0)
+
+    def exit_gate(self, stage, server):
+        """The FAIL of a server that exited by itself during its cells; None while it lived."""
+        if self.exit_code is None:
+            return None
+        return gate(f"{self.label}: server up through its cells", False,
+                    {"exit_code": self.exit_code, "died_during": self.died_during},
+                    "up until stopped",
+                    f"vLLM exited {self.exit_code} by itself during {self.died_during}; "
+                    + (f"the first fatal line of its log: {self.fatal_line}" if self.fatal_line
+                       else "its log names no fatal error"),
+                    [self.fatal_line or stage.rel(server.log_path)])
 
 
 def token_count_gates(runs: list[CellRun], request_count: int, output_tokens: int,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lib import params, report, serve, serve_vllm
+from lib import sweep as lib_sweep
 from lib.door import Door, read_transcript
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
@@ -29,8 +30,9 @@ SMALL = {"engine": "vllm", "concurrency": "1,2", "request_count": 3, "warmup_req
          "input_tokens": 16, "output_tokens": 8, "server_timeout_s": 60, "ab_repeats": 2}
 
 
-def open_stage(run_dir: Path, name: str, replay: bool = False) -> Stage:
-    given = {k: v for k, v in SMALL.items() if k in params.STAGE_PARAMS[name]}
+def open_stage(run_dir: Path, name: str, replay: bool = False, extra: dict | None = None) -> Stage:
+    """Stage `name` with SMALL's parameters (and `extra`'s) that the stage takes."""
+    given = {k: v for k, v in {**SMALL, **(extra or {})}.items() if k in params.STAGE_PARAMS[name]}
     door = Door(run_dir, name, replay=replay)
     return Stage(name, params.resolve(name, given), run_dir, door, run_dir if replay else None)
 
@@ -51,6 +53,13 @@ def two_gpus(tmp_path, monkeypatch, mode: str, graphs_log: Path | None = GRAPHS_
                             noep_log=NOEP_LOG)
     serve_with(monkeypatch, double)
     return tmp_path / "run"
+
+
+def deepep_params(tmp_path: Path) -> dict:
+    """deepep_v2 with the intranode contract: the NCCL site (a harmless real library) and a
+    DeepEP folder."""
+    return {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
+            "deepep_dir": str(tmp_path / "DeepEP")}
 
 
 def statuses(stage) -> dict:
@@ -242,13 +251,10 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
                             deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG)
     serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
-    deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
-              "deepep_dir": str(tmp_path / "DeepEP")}
+    deepep = deepep_params(tmp_path)
 
     def stage(name: str, replay: bool = False) -> Stage:
-        given = {k: v for k, v in {**SMALL, **deepep}.items() if k in params.STAGE_PARAMS[name]}
-        return Stage(name, params.resolve(name, given), run_dir,
-                     Door(run_dir, name, replay=replay), run_dir if replay else None)
+        return open_stage(run_dir, name, replay, extra=deepep)
 
     s04 = stage("04_serve")
     serve_stage.run(s04)
@@ -309,13 +315,10 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
                             traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG)
     serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
-    deepep = {"all2all_backend": "deepep_v2", "nccl_site": str(nccl_site(tmp_path)),
-              "deepep_dir": str(tmp_path / "DeepEP")}
+    deepep = deepep_params(tmp_path)
 
     def stage(name: str, replay: bool = False) -> Stage:
-        given = {k: v for k, v in {**SMALL, **deepep}.items() if k in params.STAGE_PARAMS[name]}
-        return Stage(name, params.resolve(name, given), run_dir,
-                     Door(run_dir, name, replay=replay), run_dir if replay else None)
+        return open_stage(run_dir, name, replay, extra=deepep)
 
     s04 = stage("04_serve")
     serve_stage.run(s04)
@@ -383,13 +386,13 @@ def test_only_a_server_that_exits_by_itself_fails_and_a_live_one_costs_no_call(t
 
     running = server(["sleep", "60"], "vllm-eager-ep.log")
     try:
-        alive = serving_ab.ServerLife("eager+EP")
+        alive = lib_sweep.ServerLife("eager+EP")
         for cell in ("c1", "c2"):
             alive.watch(stage, running, cell, {"status": 200})
         assert polls() == [] and alive.exit_gate(stage, running) is None
-        hung = serving_ab.ServerLife("graphs+EP, start 1")
+        hung = lib_sweep.ServerLife("graphs+EP, start 1")
         hung.watch(stage, running, "c3", {"status": None})
-        assert len(polls()) == serving_ab.EXIT_WAIT_S
+        assert len(polls()) == lib_sweep.EXIT_WAIT_S
         assert hung.exit_code is None and hung.exit_gate(stage, running) is None
     finally:
         stage.door.stop(running.proc)
@@ -398,7 +401,7 @@ def test_only_a_server_that_exits_by_itself_fails_and_a_live_one_costs_no_call(t
         if stage.door.poll(gone.proc) is not None:
             break
         time.sleep(0.05)
-    dead = serving_ab.ServerLife("graphs+EP, start 2")
+    dead = lib_sweep.ServerLife("graphs+EP, start 2")
     dead.watch(stage, gone, "c4", {"status": None})
     gate = dead.exit_gate(stage, gone)
     assert gate.status == "FAIL" and gate.observed == {"exit_code": 3, "died_during": "c4"}

@@ -42,7 +42,7 @@ from typing import Any
 
 import pandas as pd
 
-from lib import serve, serve_vllm, stats, sweep, vllm_logs
+from lib import serve, serve_vllm, stats, sweep
 from lib.evidence import gate, skip
 from lib.hardware import cuda_device_count
 from lib.stage import Stage
@@ -71,7 +71,6 @@ ARMS = (BASELINE, Arm("graphs+EP", "vllm-graphs-ep", False, True),
 # (arm b, over arm a): each ratio is b / a of output tokens per second
 COMPARISONS = (("graphs+EP", "eager+EP"), ("eager, no EP", "eager+EP"))
 SERVERS_FILE = "servers.json"  # the A/B's server layout and each server's time to ready
-EXIT_WAIT_S = 10  # after a cell whose /metrics failed: how long a dying server has to exit
 CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_COMMS 1 against 8 "
                 "(the multicomm overlay): both need DeepEP's ElasticBuffer with GIN over an RDMA "
                 "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
@@ -181,7 +180,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
           flush=True)
     runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
     started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
-    lives: dict[int, ServerLife] = {}  # id(server) -> what its cells saw of it
+    lives: dict[int, sweep.ServerLife] = {}  # id(server) -> what its cells saw of it
 
     def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
         """Start the arm's server inside `stack`. `start`: which start of an exclusive arm's
@@ -195,7 +194,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             gate_prefix=arm.name + where,
             log_name=f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log"))
         started[arm.slug].append(server)
-        lives[id(server)] = ServerLife(arm.name + where)
+        lives[id(server)] = sweep.ServerLife(arm.name + where)
         return server
 
     with ExitStack() as stack:
@@ -295,47 +294,6 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             "startup_s": {arm.name: started[arm.slug][0].startup_s for arm in arms},
             "ready_s": {arm.name: started[arm.slug][0].ready_s for arm in arms},
             "ready_s_each": {arm.name: [s.ready_s for s in started[arm.slug]] for arm in arms}}
-
-
-@dataclass
-class ServerLife:
-    """What the cells of one server saw of it. vLLM 0.24.0 can pass every startup gate and die
-    on the first batched step of real traffic (graphs+EP on deepep_v2, 2x H200: run
-    gpu-2xh200-deepep-vllm-20261130d); its API server then exits by itself, and every later cell
-    would fail against a closed port. A server alive through its cells needs no gate of its
-    own: each cell's `vLLM counted the generated tokens` read its /metrics after the cell."""
-    label: str  # the arm, and which start: as its gates say it
-    exit_code: int | None = None
-    died_during: str | None = None
-    fatal_line: str | None = None
-
-    def watch(self, stage: Stage, server, cell: str, after: dict) -> None:
-        """After a cell whose closing /metrics did not answer: whether the server is gone (it
-        has EXIT_WAIT_S seconds to finish exiting), and why (the first fatal line of its log).
-        A server that answered costs no call: recordings from before this check replay."""
-        if after["status"] == 200:
-            return
-        for _ in range(EXIT_WAIT_S):
-            code = stage.door.poll(server.proc)
-            if code is not None:
-                self.exit_code, self.died_during = code, cell
-                log = stage.door.read_text(server.log_path) or ""
-                self.fatal_line = vllm_logs.first_fatal_line(
-                    log, log_name=stage.rel(server.log_path))
-                return
-            stage.door.sleep(1.0)
-
-    def exit_gate(self, stage: Stage, server):
-        """The FAIL of a server that exited by itself during its cells; None while it lived."""
-        if self.exit_code is None:
-            return None
-        return gate(f"{self.label}: server up through its cells", False,
-                    {"exit_code": self.exit_code, "died_during": self.died_during},
-                    "up until stopped",
-                    f"vLLM exited {self.exit_code} by itself during {self.died_during}; "
-                    + (f"the first fatal line of its log: {self.fatal_line}" if self.fatal_line
-                       else "its log names no fatal error"),
-                    [self.fatal_line or stage.rel(server.log_path)])
 
 
 def _not_measured(stage: Stage, reason: str, not_started: list[Arm]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def run(stage: Stage) -> dict[str, Any]:
         if problem:
             stage.add(*sweep.skip_cells(cells, engine, problem))
             return {"skipped": problem}
-        life = serving_ab.ServerLife("vLLM" if engine == "vllm" else engine)
+        life = sweep.ServerLife("vLLM" if engine == "vllm" else engine)
         runs, memory = measure(stage, server, cells, engine, life)
     died = life.exit_gate(stage, server)
     if died:  # vLLM exited by itself mid-sweep: why, from its log; its later cells are SKIPs
@@ -146,7 +146,7 @@ def server_problem(server) -> str | None:
     return None
 
 
-def measure(stage: Stage, server, cells, engine: str, life: "serving_ab.ServerLife"):
+def measure(stage: Stage, server, cells, engine: str, life: sweep.ServerLife):
     """AIPerf cell after cell against the stage's server. With vLLM, a cell whose closing
     /metrics fails asks whether the server is gone (`life`); once it is, the cells left are
     SKIPs, not runs against a closed port."""

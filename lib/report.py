@@ -329,9 +329,8 @@ def failed_gate_rows(failed: pd.DataFrame) -> pd.DataFrame:
             row["cells"].append(f"c{cell.group(1)} r{cell.group(2)}")
     out = []
     for row in rows.values():
-        gate = row["gate"] if row["cells"] else row["gate"].replace("c{C} repeat {R}", "")
-        if row["cells"]:
-            gate += f" ({len(row['cells'])}: {', '.join(row['cells'])})"
+        cells = row["cells"]
+        gate = row["gate"] + (f" ({len(cells)}: {', '.join(cells)})" if cells else "")
         reason = row["reason"]
         reason = reason if len(reason) <= 200 else reason[:200] + " ... (whole in gates.json)"
         out.append({"stage": row["stage"], "gate": gate, "reason": reason})

@@ -194,7 +194,9 @@ class Door:
         return str(path.relative_to(self.run_dir))
 
     def _read_stream(self, rel: str) -> str:
-        return (self.run_dir / rel).read_text(encoding="utf-8")
+        # newline="": a carriage return stays one (see read_text).
+        with open(self.run_dir / rel, encoding="utf-8", newline="") as f:
+            return f.read()
 
     # ---- processes ----------------------------------------------------------------------------
     def run(
@@ -368,7 +370,12 @@ class Door:
             e = self._next("read", key)
             return None if e["body"] is None else self._read_stream(e["body"])
         try:
-            text = self._clean(Path(path).read_text(encoding="utf-8", errors="replace"))
+            # newline="": keep a carriage return (a progress bar's frame) as it is, so that a line
+            # number quoted from this text is the one `grep -n` and an editor show. Transcripts
+            # recorded before this hold the text with each one turned into a line break, and
+            # replay as recorded.
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                text = self._clean(f.read())
         except OSError:
             text = None
         seq = self._seq

@@ -475,10 +475,12 @@ class ServerLife:
     exit_code: int | None = None
     died_during: str | None = None
     fatal_line: str | None = None
+    step: dict | None = None  # vllm_logs.crashed_step: the step its engine core dumped
 
     def watch(self, stage, server, cell: str, after: dict) -> None:
         """After a cell whose closing /metrics did not answer: whether the server is gone (it
-        has EXIT_WAIT_S seconds to finish exiting), and why (the first fatal line of its log).
+        has EXIT_WAIT_S seconds to finish exiting), and why (the first fatal line of its log, and
+        the step its engine core was running).
         A server that answered costs no call: recordings from before this check replay."""
         if after["status"] == 200:
             return
@@ -489,6 +491,7 @@ class ServerLife:
                 log = stage.door.read_text(server.log_path) or ""
                 self.fatal_line = vllm_logs.first_fatal_line(
                     log, log_name=stage.rel(server.log_path))
+                self.step = vllm_logs.crashed_step(log, log_name=stage.rel(server.log_path))
                 return
             stage.door.sleep(1.0)
 
@@ -501,8 +504,10 @@ class ServerLife:
                     "up until stopped",
                     f"vLLM exited {self.exit_code} by itself during {self.died_during}; "
                     + (f"the first fatal line of its log: {self.fatal_line}" if self.fatal_line
-                       else "its log names no fatal error"),
-                    [self.fatal_line or stage.rel(server.log_path)])
+                       else "its log names no fatal error")
+                    + (f"; {vllm_logs.describe_step(self.step)}" if self.step else ""),
+                    [self.fatal_line or stage.rel(server.log_path)]
+                    + ([self.step["quote"]] if self.step else []))
 
 
 def token_count_gates(runs: list[CellRun], request_count: int, output_tokens: int,

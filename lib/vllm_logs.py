@@ -93,7 +93,13 @@ _MAX_QUOTE = 240
 
 
 def _lines(text: str) -> list[str]:
-    return text.splitlines()
+    """The log's lines as `grep -n` numbers them: broken at line feeds only. A carriage return
+    inside one (a progress bar's frames, CRLF banners) is dropped, which also keeps a worker's
+    "(Worker pid=N) " prefix on the frame printed after it."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.replace("\r", "") for line in lines]
 
 
 def _quote(log_name: str, lineno: int, line: str) -> str:
@@ -591,3 +597,52 @@ def first_fatal_line(log_text: str, *, after_line: int = 0,
         if lineno > after_line:
             return _quote(log_name, lineno, line)
     return None
+
+
+# What vLLM 0.24.0's engine core dumps when it dies: the step it was running (dump_input.py),
+# "(EngineCore_DP1 pid=N) ERROR ... Dumping scheduler output for model execution:
+# SchedulerOutput(scheduled_new_reqs=[NewRequestData(..., prompt_token_ids_len=134, ...)], ...,
+# total_num_scheduled_tokens=135, ...)", then "Dumping scheduler stats: SchedulerStats(
+# num_running_reqs=2, num_waiting_reqs=0, ...)". Recorded on 2x H200 in the log named above.
+_STEP_RE = re.compile(r"\((EngineCore\w*) pid=\d+\).*Dumping scheduler output for model execution")
+_STEP_TOKENS_RE = re.compile(r"total_num_scheduled_tokens=(\d+)")
+_NEW_PROMPT_RE = re.compile(r"NewRequestData\(req_id=[^,]*,prompt_token_ids_len=(\d+)")
+_STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\(num_running_reqs=(\d+), "
+                       r"num_waiting_reqs=(\d+)")
+
+
+def crashed_step(log_text: str, *, log_name: str = "log") -> dict | None:
+    """The step vLLM's engine core was running when it died, from its own dump: which engine
+    core (which DP rank), how many tokens were scheduled, the prompt lengths of the requests new
+    in that step, and how many requests were running and waiting; None when the log holds no
+    dump (a server that did not die, or one that died before serving). A device-side assert is
+    reported at the next synchronisation, so the faulting kernel may belong to the step before
+    (vLLM schedules asynchronously): the dump says where it was, not what caused it."""
+    lines = _lines(log_text)
+    found = _find(lines, _STEP_RE)
+    if not found:
+        return None
+    lineno, line, m = found[0]
+    tokens = _STEP_TOKENS_RE.search(line)
+    step = {"engine_core": m.group(1),
+            "scheduled_tokens": int(tokens.group(1)) if tokens else None,
+            "new_prompt_tokens": [int(n) for n in _NEW_PROMPT_RE.findall(line)],
+            "running": None, "waiting": None, "quote": _quote(log_name, lineno, line)}
+    for _, stats, s in _find(lines[lineno:], _STATS_RE):
+        if _pid_of(stats) == _pid_of(line):
+            step["running"], step["waiting"] = int(s.group(1)), int(s.group(2))
+            break
+    return step
+
+
+def describe_step(step: dict) -> str:
+    """One clause for a gate's reason: "EngineCore_DP1 was running a step of 135 scheduled tokens
+    (new prompts of 134 tokens; 2 running, 0 waiting)"."""
+    new = step["new_prompt_tokens"]
+    parts = [f"new prompts of {', '.join(map(str, new))} tokens" if new else "no new prompt"]
+    if step["running"] is not None:
+        parts.append(f"{step['running']} running, {step['waiting']} waiting")
+    tokens = step["scheduled_tokens"]
+    return (f"{step['engine_core']} was running a step of "
+            f"{'?' if tokens is None else tokens} scheduled token{'' if tokens == 1 else 's'} "
+            f"({'; '.join(parts)})")

@@ -302,3 +302,25 @@ def test_free_port_skips_a_taken_port_and_falls_back_to_an_ephemeral_one(tmp_pat
 def test_free_port_without_a_readable_range_assumes_linux_default(tmp_path):
     port = door_module._port_below_ephemeral_range(tmp_path / "absent")
     assert door_module._LOWEST_PICKED_PORT <= port < 32768
+
+
+def test_read_text_keeps_carriage_returns_so_quoted_line_numbers_are_greps(run_dir, tmp_path):
+    """A progress bar writes frames ended by a carriage return: read through the door, they stay
+    what they are (not line breaks), in the recorded stream and in its replay."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"banner\r\n(Worker pid=7) \rLoading 0%\rLoading 100%\nfatal here\n")
+    text = Door(run_dir, "s").read_text(log)
+    assert text == log.read_bytes().decode()
+    assert replay_copy(run_dir, tmp_path).read_text(log) == text
+
+
+def test_a_read_recorded_with_carriage_returns_as_line_breaks_replays_as_recorded(run_dir,
+                                                                                  tmp_path):
+    """Transcripts recorded before carriage returns were kept hold each one as a line break:
+    their replays give that text back unchanged, so their notebooks replay as recorded."""
+    log = tmp_path / "server.log"
+    log.write_text("a\rb\n")
+    Door(run_dir, "s").read_text(log)
+    [entry] = read_transcript(run_dir / "transcript.jsonl")
+    (run_dir / entry["body"]).write_text("a\nb\n")  # as an older door wrote it
+    assert replay_copy(run_dir, tmp_path).read_text(log) == "a\nb\n"

@@ -381,3 +381,54 @@ def test_first_fatal_line_of_a_server_that_died_and_none_of_one_that_did_not():
                       or "fatal error" in after)
     for clean in ("vllm-eager-ep-1.log", "vllm-eager-ep-2.log", "vllm-eager-noep.log"):
         assert first_fatal_line((run / "06_multicomm" / clean).read_text()) is None, clean
+
+
+def test_quoted_line_numbers_are_the_ones_grep_prints_past_progress_bars():
+    """The same log as the door reads it (carriage returns kept): its 140 progress-bar frames no
+    longer count as lines, so the number quoted is `grep -n`'s (687, where universal newlines
+    made it 712), and a worker's frame keeps its "(Worker_... pid=N)" prefix."""
+    import subprocess
+
+    from lib.vllm_logs import _lines, first_fatal_line
+
+    log = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
+           / "06_multicomm" / "vllm-graphs-ep-1.log")
+    with open(log, encoding="utf-8", newline="") as f:
+        text = f.read()
+    assert "\r" in text
+    quote = first_fatal_line(text, log_name="vllm-graphs-ep-1.log")
+    grep = subprocess.run(["grep", "-n", "-m1", "IndexKernel.cu:111", str(log)],
+                          capture_output=True, text=True, check=True).stdout
+    assert quote.split(":")[1] == grep.split(":")[0]
+    assert len(_lines(text)) == int(subprocess.run(["wc", "-l", str(log)], capture_output=True,
+                                                   text=True, check=True).stdout.split()[0])
+    loading = [l for l in _lines(text) if "Loading safetensors checkpoint shards: 100%" in l]
+    assert loading and all(l.startswith("(Worker_DP") and "\r" not in l for l in loading)
+
+
+def test_the_step_a_dying_engine_core_dumped_and_none_where_nothing_died():
+    """Both graphs+EP starts of run gpu-2xh200-deepep-vllm-20261130d died on DP rank 1: the
+    first in a step of 135 tokens (a new 134-token prompt beside one decode), the second in a
+    1-token decode step; the eager servers that were stopped cleanly dumped nothing."""
+    from lib.vllm_logs import crashed_step, describe_step
+
+    run = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
+    logs = run / "06_multicomm"
+    first = crashed_step((logs / "vllm-graphs-ep-1.log").read_text(), log_name="a.log")
+    assert {k: first[k] for k in ("engine_core", "scheduled_tokens", "new_prompt_tokens",
+                                  "running", "waiting")} == {
+        "engine_core": "EngineCore_DP1", "scheduled_tokens": 135, "new_prompt_tokens": [134],
+        "running": 2, "waiting": 0}
+    assert first["quote"].startswith("a.log:") and "[dump_input.py:79]" in first["quote"]
+    assert describe_step(first) == ("EngineCore_DP1 was running a step of 135 scheduled tokens "
+                                    "(new prompts of 134 tokens; 2 running, 0 waiting)")
+    second = crashed_step((logs / "vllm-graphs-ep-2.log").read_text())
+    assert describe_step(second) == ("EngineCore_DP1 was running a step of 1 scheduled token "
+                                     "(no new prompt; 3 running, 0 waiting)")
+    for clean in ("vllm-eager-ep-1.log", "vllm-eager-ep-2.log", "vllm-eager-noep.log"):
+        assert crashed_step((logs / clean).read_text()) is None, clean
+    # a dump without its stats line (a log cut short) still names the step, with no counts
+    cut = [l for l in (logs / "vllm-graphs-ep-1.log").read_text().splitlines()
+           if "dump_input.py:81" not in l]
+    assert describe_step(crashed_step("\n".join(cut))) == (
+        "EngineCore_DP1 was running a step of 135 scheduled tokens (new prompts of 134 tokens)")

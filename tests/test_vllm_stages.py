@@ -172,6 +172,10 @@ def test_a_sweep_whose_vllm_dies_says_why_and_runs_no_more_cells(tmp_path, monke
         "exit_code": 1, "died_during": "aiperf vllm c1 repeat 1"}
     assert "IndexKernel.cu:111" in died.reason
     assert died.evidence[0].startswith("05_sweep/vllm.log:")
+    # the step its engine core dumped as it died, quoted beside the fatal line
+    assert died.reason.endswith("; EngineCore_DP1 was running a step of 135 scheduled tokens "
+                                "(new prompts of 134 tokens; 2 running, 0 waiting)")
+    assert len(died.evidence) == 2 and "[dump_input.py:79]" in died.evidence[1]
     skipped = [g for g in s05.gates if g.gate.endswith(": measured")]
     assert [g.status for g in skipped] == ["SKIP"] * 5
     assert all("the sweep's server exited (code 1) during aiperf vllm c1 repeat 1" in g.reason
@@ -332,6 +336,8 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
     assert died.observed == {"exit_code": 1, "died_during": "aiperf vllm-graphs-ep c1 repeat 1"}
     assert "IndexKernel.cu:111" in died.reason and "index out of bounds" in died.reason
     assert died.evidence[0].startswith("06_multicomm/vllm-graphs-ep-1.log:")
+    assert "EngineCore_DP1 was running a step of 135 scheduled tokens" in died.reason
+    assert died.evidence[1].startswith("06_multicomm/vllm-graphs-ep-1.log:")
     # the servers that lived have no such gate: their token-count gates read /metrics after
     # every cell (so a run recorded before this gate replays)
     assert [g for g in gates if g.endswith("server up through its cells")] == [died.gate]

@@ -233,6 +233,7 @@ def vllm_sections(run_dir: Path) -> list[str]:
         if ratios_path.exists():
             out.append(f"\n### {title}\n")
             out.append(_md_table(ratio_rows(evidence.read_json(ratios_path))))
+            out.append(FEW_REPEATS_NOTE)
             servers_path = Path(run_dir) / stage / "servers.json"  # runs recorded before: none
             if servers_path.exists():
                 out.append(servers_line(evidence.read_json(servers_path)))
@@ -263,12 +264,25 @@ def ratio_rows(rows: list[dict]) -> pd.DataFrame:
         "ratio": NOT_MEASURED if r["ratio"] is None else round(r["ratio"], 3),
         "95% interval": NOT_MEASURED if r["low"] is None else f"{r['low']:.3f} to {r['high']:.3f}",
         # the repeats themselves: with three, an interval is coarse and they are what to read
-        "arm a, each repeat": _each(r.get("a_tps")), "arm b, each repeat": _each(r.get("b_tps"))}
+        "arm a, each repeat": _each(r.get("a_tps")), "arm b, each repeat": _each(r.get("b_tps")),
+        "b / a, each repeat": _each_ratio(r.get("a_tps"), r.get("b_tps"))}
         for r in rows])
+
+
+# Under every ratio table: why the repeats sit beside the interval.
+FEW_REPEATS_NOTE = ("\nA repeat pairs the two arms measured in the same round, so `b / a, each "
+                    "repeat` is that round's own ratio. With n paired repeats the bootstrap "
+                    "resamples draw from few distinct sets (10 for n = 3), so an interval can "
+                    "end at the ratio itself; read it beside the rounds' own ratios.\n")
 
 
 def _each(values: list[float] | None) -> str:
     return ", ".join(f"{v:.0f}" for v in values or [])
+
+
+def _each_ratio(a: list[float] | None, b: list[float] | None) -> str:
+    """b_i / a_i per paired repeat (ratios.json lists both arms' paired repeats in one order)."""
+    return ", ".join(f"{y / x:.3f}" if x else "n/a" for x, y in zip(a or [], b or []))
 
 
 def reference_runs_page(results: Path) -> str:

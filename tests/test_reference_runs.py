@@ -187,3 +187,22 @@ def test_the_book_says_a_failed_arm_plainly():
     assert "Reason: All 48 inference request(s) failed." in failed
     assert "| graphs+EP / eager+EP | 32 | 0 | not measured | not measured |" in section
     assert "| eager, no EP / eager+EP | 32 | 3 | 0.838 | 0.662 to 1.246 |" in section
+
+
+def test_a_ratio_table_shows_each_rounds_own_ratio_beside_the_interval():
+    """Run gpu-2xh200-deepep-vllm-20261130d's 06: each paired round's b / a, computed from the
+    recorded throughputs of the same round (c4: 466/465, 601/530, 626/605), and the note saying
+    why a 3-repeat bootstrap interval can end at the ratio (c4's 1.035 to 1.134 does); an
+    unmeasured ratio has no rounds."""
+    run_id = "gpu-2xh200-deepep-vllm-20261130d"
+    section = "\n".join(report.vllm_sections(RESULTS / run_id))
+    serving = section.split("### vLLM serving A/B (06)", 1)[1]
+    assert ("| eager, no EP / eager+EP | 4 | 3 | 1.134 | 1.035 to 1.134 | 465, 530, 605 | "
+            "466, 601, 626 | 1.002, 1.134, 1.035 |") in serving
+    assert "| graphs+EP / eager+EP | 4 | 0 | not measured | not measured |  |  |  |" in serving
+    assert report.FEW_REPEATS_NOTE in serving
+    ratios = evidence.read_json(RESULTS / run_id / "06_multicomm" / "ratios.json")
+    c32 = next(r for r in ratios if r["concurrency"] == 32 and r["n"] == 3)
+    rounds = [float(x) for x in report._each_ratio(c32["a_tps"], c32["b_tps"]).split(", ")]
+    assert rounds == [round(b / a, 3) for a, b in zip(c32["a_tps"], c32["b_tps"])]
+    assert min(rounds) <= c32["low"] + 1e-3 and max(rounds) >= c32["high"] - 1e-3

@@ -495,6 +495,11 @@ class ServerLife:
                 return
             stage.door.sleep(1.0)
 
+    def not_run(self) -> str:
+        """The reason of a cell's SKIP once this server is gone."""
+        return (f"not run: {self.label}'s server exited (code {self.exit_code}) during "
+                f"{self.died_during}")
+
     def exit_gate(self, stage, server):
         """The FAIL of a server that exited by itself during its cells; None while it lived."""
         if self.exit_code is None:

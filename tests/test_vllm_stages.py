@@ -178,7 +178,7 @@ def test_a_sweep_whose_vllm_dies_says_why_and_runs_no_more_cells(tmp_path, monke
     assert len(died.evidence) == 2 and "[dump_input.py:79]" in died.evidence[1]
     skipped = [g for g in s05.gates if g.gate.endswith(": measured")]
     assert [g.status for g in skipped] == ["SKIP"] * 5
-    assert all("the sweep's server exited (code 1) during aiperf vllm c1 repeat 1" in g.reason
+    assert all("not run: vLLM's server exited (code 1) during aiperf vllm c1 repeat 1" in g.reason
                for g in skipped)
     measured = gates["every planned cell measured"]
     assert measured.status == "FAIL" and (measured.observed, measured.expected) == (1, 6)
@@ -351,8 +351,8 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
         ("aiperf vllm-graphs-ep c2 repeat 1: measured", "SKIP"),
         ("aiperf vllm-graphs-ep c1 repeat 2: measured", "SKIP"),
         ("aiperf vllm-graphs-ep c2 repeat 2: measured", "SKIP")]
-    assert all("exited (code 1) during aiperf vllm-graphs-ep c1 repeat 1" in g.reason
-               for g in later)
+    assert all(g.reason == "not run: graphs+EP, start 1's server exited (code 1) during aiperf "
+               "vllm-graphs-ep c1 repeat 1" for g in later)
     starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
               if '"kind": "start"' in line and '"stage": "06_multicomm"' in line]
     assert [Path(e["log"]).name for e in starts] == [

@@ -222,9 +222,7 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                 gone = next((lives[id(s)] for s in started[arm.slug]
                              if lives[id(s)].exit_code is not None), None)
                 if gone:  # its server died in an earlier cell: the arm is not started again
-                    stage.add(skip(f"{cell.label(name)}: measured",
-                                   f"not run: {gone.label}'s server exited (code "
-                                   f"{gone.exit_code}) during {gone.died_during}"))
+                    stage.add(skip(f"{cell.label(name)}: measured", gone.not_run()))
                     print(f"[{index}/{len(order)}] repeat {repeat} c{concurrency} {arm.name}: "
                           "not run, its server is gone", flush=True)
                     continue

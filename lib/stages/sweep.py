@@ -156,9 +156,7 @@ def measure(stage: Stage, server, cells, engine: str, life: sweep.ServerLife):
     try:
         for index, cell in enumerate(cells, 1):
             if life.exit_code is not None:
-                stage.add(skip(f"{cell.label(engine)}: measured",
-                               f"not run: the sweep's server exited (code {life.exit_code}) "
-                               f"during {life.died_during}"))
+                stage.add(skip(f"{cell.label(engine)}: measured", life.not_run()))
                 continue
             requests = sweep.cell_requests(stage.params, cell.concurrency)
             print(f"[{index}/{len(cells)}] repeat {cell.repeat}, concurrency {cell.concurrency}: "

@@ -244,15 +244,13 @@ DEEPEP_06 = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepe
              / "06_multicomm")
 
 
-def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch):
-    """06 as the cluster's backend runs it (deepep_v2, the intranode contract), each arm's
-    server replaying the real log vLLM 0.24.0 wrote for that arm on 2x H200 (eager+EP from the
-    shared fixture, graphs+EP and no EP from run gpu-2xh200-deepep-vllm-20261130b): every
-    server gate holds, the three arms are measured, the no-EP arm carries the DeepEP
-    environment without --all2all-backend."""
-    double, _ = make_double(tmp_path, DEEPEP_LOG, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
-                            noep_log=DEEPEP_06 / "vllm-eager-noep.log",
-                            deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG)
+def serve_then_06_on_deepep_v2(tmp_path, monkeypatch, **double_logs):
+    """04 then 06 on deepep_v2 (the intranode contract) against the vLLM double replaying
+    `double_logs` beside the recorded eager+EP log; the two DeepEP servers crash as on 2x H200
+    when started beside each other. Returns (run_dir, s04, s06, 06's data, the stage opener for
+    a replay)."""
+    double, _ = make_double(tmp_path, DEEPEP_LOG, deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG,
+                            **double_logs)
     serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
     deepep = deepep_params(tmp_path)
@@ -263,11 +261,23 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     s04 = stage("04_serve")
     serve_stage.run(s04)
     s04.finish()
-    assert {g.status for g in s04.gates} == {"PASS"}, \
-        [(g.gate, g.reason) for g in s04.gates if g.status != "PASS"]
     s06 = stage("06_multicomm")
     data = lever.run(s06)
     s06.finish()
+    return run_dir, s04, s06, data, stage
+
+
+def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch):
+    """06 as the cluster's backend runs it (deepep_v2, the intranode contract), each arm's
+    server replaying the real log vLLM 0.24.0 wrote for that arm on 2x H200 (eager+EP from the
+    shared fixture, graphs+EP and no EP from run gpu-2xh200-deepep-vllm-20261130b): every
+    server gate holds, the three arms are measured, the no-EP arm carries the DeepEP
+    environment without --all2all-backend."""
+    run_dir, s04, s06, data, stage = serve_then_06_on_deepep_v2(
+        tmp_path, monkeypatch, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
+        noep_log=DEEPEP_06 / "vllm-eager-noep.log")
+    assert {g.status for g in s04.gates} == {"PASS"}, \
+        [(g.gate, g.reason) for g in s04.gates if g.status != "PASS"]
     got = statuses(s06)
     assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
         [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
@@ -314,22 +324,9 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
     log's first fatal line; its later cells are SKIPs, its server is not started again; the
     other arms are measured and gated as usual; the graphs ratios FAIL with no paired repeat; a
     replay computes the same gates."""
-    double, _ = make_double(tmp_path, DEEPEP_LOG, noep_log=DEEPEP_06 / "vllm-eager-noep.log",
-                            deepep_crash_log=DEEPEP_BESIDE_DEEPEP_LOG,
-                            traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG)
-    serve_with(monkeypatch, double)
-    run_dir = tmp_path / "run"
-    deepep = deepep_params(tmp_path)
-
-    def stage(name: str, replay: bool = False) -> Stage:
-        return open_stage(run_dir, name, replay, extra=deepep)
-
-    s04 = stage("04_serve")
-    serve_stage.run(s04)
-    s04.finish()
-    s06 = stage("06_multicomm")
-    data = lever.run(s06)
-    s06.finish()
+    run_dir, _, s06, data, stage = serve_then_06_on_deepep_v2(
+        tmp_path, monkeypatch, noep_log=DEEPEP_06 / "vllm-eager-noep.log",
+        traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG)
     gates = {g.gate: g for g in s06.gates}
     died = gates["graphs+EP, start 1: server up through its cells"]
     assert died.status == "FAIL"

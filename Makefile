@@ -56,5 +56,7 @@ nbval: venv
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg $$(grep "^results/$$run/" results/REPLAYED) \
 	    || exit 1; \
 	done
+	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
+	@$(PY) -c "from lib.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
 
 test: venv unit nbval

@@ -29,6 +29,12 @@ from lib.evidence import EvidenceError, Gate
 
 REPLAY_ENV = "REPRO_REPLAY"
 _shadows: dict[Path, Path] = {}
+# A replay works on a copy of the recorded run (the recording is never written), made under
+# tempfile's folder as SHADOW_PREFIX<pid>-<random>/. The copy is removed when the process exits
+# normally, but a Jupyter kernel that nbval or papermill stops never runs its exit hooks, so
+# each replayed notebook used to leave its copy behind (6.7 GB in /tmp after a few hundred
+# `make test` runs). The pid in the name lets the next replay remove copies whose process is gone.
+SHADOW_PREFIX = "repro-replay-"
 
 
 class Stage:
@@ -230,7 +236,8 @@ def _open_replay(name: str, resolved: dict[str, Any], recorded: Path) -> Stage:
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: stage {name} is not recorded in that run")
     shadow = _shadows.get(recorded)
     if shadow is None:
-        shadow = Path(tempfile.mkdtemp(prefix="repro-replay-")) / recorded.name
+        remove_orphan_shadows()
+        shadow = Path(tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-")) / recorded.name
         shutil.copytree(recorded, shadow)
         _shadows[recorded] = shadow
         atexit.register(shutil.rmtree, shadow.parent, True)
@@ -259,6 +266,33 @@ def _open_replay(name: str, resolved: dict[str, Any], recorded: Path) -> Stage:
                 f"{recorded_params.get(key)!r}")
     door = Door(shadow, name, replay=True)
     return Stage(name, {**added_since, **recorded_params}, shadow, door, recorded)
+
+
+def remove_orphan_shadows(folder: Path | None = None) -> list[Path]:
+    """Removes replay copies (SHADOW_PREFIX<pid>-*) whose process no longer exists; returns them.
+
+    A copy whose pid is alive is kept, even where the pid was reused by another process: it is
+    removed by a later sweep. Names without a pid (copies made before pids were recorded) are
+    left alone, since nothing tells whether their process still uses them.
+    """
+    removed = []
+    for copy in sorted(Path(folder or tempfile.gettempdir()).glob(f"{SHADOW_PREFIX}*-*")):
+        pid = copy.name[len(SHADOW_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _process_exists(int(pid)):
+            continue
+        shutil.rmtree(copy, ignore_errors=True)
+        removed.append(copy)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
 
 
 def new_run_id(root: Path, context: str) -> str:

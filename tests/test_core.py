@@ -1,5 +1,8 @@
 """Parameters, evidence and redaction: the pure parts of the foundation."""
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +243,63 @@ def test_warmup_full_batch_values(value, parsed):
 def test_warmup_full_batch_refuses_other_values():
     with pytest.raises(params.ParameterError, match="'warmup_full_batch'.*true or false"):
         params.resolve("06_multicomm", {"warmup_full_batch": "sometimes"})
+
+
+_REPLAY_CHILD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[3])
+from pathlib import Path
+from lib import params
+from lib.stage import _open_replay
+stage = _open_replay("05_sweep", params.resolve("05_sweep", {"engine": "transformers"}),
+                     Path(sys.argv[1]))
+print(stage.run_dir, flush=True)
+if sys.argv[2] == "killed":  # as a Jupyter kernel is stopped: no exit hooks run
+    os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "held":
+    sys.stdin.read()
+"""
+
+
+def _replay_in_child(run, how, tmp, **popen):
+    from lib.door import REPO_ROOT
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.Popen([sys.executable, "-c", _REPLAY_CHILD, str(run), how, str(REPO_ROOT)],
+                            env=env, stdout=subprocess.PIPE, text=True, **popen)
+
+
+def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tmp_path):
+    """nbval and papermill stop their kernels without exit hooks; each replayed notebook used
+    to leave its copy of the recorded run in /tmp. The next replay removes copies whose process
+    is gone, keeps a live process's copy and any copy whose name carries no pid."""
+    import json as _json
+
+    from lib.stage import SHADOW_PREFIX, remove_orphan_shadows
+
+    run, tmp = tmp_path / "recorded", tmp_path / "tmp"
+    (run / "05_sweep").mkdir(parents=True)
+    tmp.mkdir()
+    (run / "run.json").write_text("{}")
+    (run / "05_sweep" / "params.json").write_text(
+        _json.dumps(params.resolve("05_sweep", {"engine": "transformers"})))
+    unnamed = tmp / f"{SHADOW_PREFIX}k3x9q2ab"  # made before pids were in the name
+    unnamed.mkdir()
+
+    killed = _replay_in_child(run, "killed", tmp)
+    killed_copy = Path(killed.stdout.readline().strip())
+    assert killed.wait(timeout=60) == -9
+    assert killed_copy.is_dir() and killed_copy.name == "recorded"
+    assert killed_copy.parent.name.startswith(f"{SHADOW_PREFIX}{killed.pid}-")
+
+    held = _replay_in_child(run, "held", tmp, stdin=subprocess.PIPE)
+    held_copy = Path(held.stdout.readline().strip())
+    try:
+        assert not killed_copy.parent.exists()  # the second replay removed the orphan
+        assert held_copy.is_dir() and unnamed.is_dir()
+        assert remove_orphan_shadows(tmp) == []  # the held process is alive: its copy stays
+        assert held_copy.is_dir()
+    finally:
+        held.communicate("", timeout=60)
+    assert held.returncode == 0
+    assert not held_copy.parent.exists()  # a normal exit removes its own copy, as before
+    assert unnamed.is_dir() and sorted(p.name for p in tmp.iterdir()) == [unnamed.name]

@@ -13,6 +13,8 @@ PIP_QUIET := -q --disable-pip-version-check
 # The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
 $(VENV)/.installed: requirements.txt pyproject.toml
+	@# GNU patch: lib/site_patches applies the project's pinned vLLM patch (tests run it for real)
+	command -v patch >/dev/null || apt-get install -y -qq patch || { apt-get update -qq && apt-get install -y -qq patch; }
 	test -x $(PY) || $(PY_BASE) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_QUIET) torch==2.13.0 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0
 	$(PY) -m pip install $(PIP_QUIET) -r requirements.txt 2>&1 | grep -v "^WARNING: Location" ; test $${PIPESTATUS[0]} -eq 0

@@ -31,7 +31,7 @@ REQUIRED = {
     "image": ("registry", "repository", "tag", "digest"),
     "url": ("url",),
     "hf": ("model", "revision"),
-    "patch": ("url", "sha256", "applies_to", "order"),
+    "patch": ("sha256", "applies_to", "order"),  # and one of url / path (_shape_problems)
     "pr_head": ("repo", "pr", "head"),
 }
 COMMON = ("kind", "level", "source", "status", "reason", "resolved_by", "note", "dockerfile")
@@ -41,7 +41,7 @@ OPTIONAL = {
     "image": (),
     "url": ("version", "sha256", "size"),
     "hf": ("endpoint",),
-    "patch": ("upstream_commit",),
+    "patch": ("url", "path", "upstream_commit"),
     "pr_head": ("taken",),
 }
 COMPUTED = ("ref", "full_version")
@@ -191,6 +191,12 @@ def _shape_problems(kind: str, pin: dict, pins: dict) -> list[str]:
             problems.append("tag must be a fixed version, never latest")
     if kind == "patch" and pin.get("applies_to") not in pins:
         problems.append(f"applies_to {pin.get('applies_to')!r} names no pin")
+    if kind == "patch" and ("url" in pin) == ("path" in pin):
+        problems.append("a patch names exactly one of url (upstream, at a commit) and path "
+                        "(this project's own, under patches/)")
+    if kind == "patch" and "path" in pin and not re.match(r"^patches/[\w.-]+\.patch$",
+                                                          str(pin["path"])):
+        problems.append(f"path {pin['path']!r}: a file patches/<name>.patch of this repository")
     for key in ("repo", "url", "index", "endpoint"):
         value = pin.get(key)
         if value is not None and not re.match(r"^(https?|git|file)://", str(value)):

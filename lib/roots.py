@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lib import pins as pins_mod
+from lib.door import REPO_ROOT
 
 STATUSES = ("VERIFIED", "MISSING", "DRIFT", "SKIP", "FAIL")
 PYPI_INDEX = "https://pypi.org/simple"
@@ -454,6 +455,23 @@ def verify_patch(door, name: str, pin: dict, *, url: str, sha256: str) -> Row:
                 evidence=evidence)
 
 
+def verify_patch_file(door, name: str, pin: dict, *, path: str, sha256: str,
+                      repo_root: Path | None = None) -> Row:
+    """This project's own patch (patches/*.patch): the file is in the checkout, with its sha256."""
+    kind = "patch"
+    shown = f"{path} sha256:{sha256}"
+    text = door.read_text((repo_root or REPO_ROOT) / path)
+    if text is None:
+        return _row(name, pin, kind, shown, resolved=None, status="MISSING",
+                    reason=f"{path} is not in this checkout")
+    got = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if got == sha256:
+        return _row(name, pin, kind, shown, resolved=f"sha256:{got}", status="VERIFIED",
+                    reason=f"{len(text)} characters in this checkout, with the pinned sha256")
+    return _row(name, pin, kind, shown, resolved=f"sha256:{got}", status="FAIL",
+                reason="the file's sha256 differs from the pin")
+
+
 # ---- Hugging Face -------------------------------------------------------------------------------
 def verify_hf_revision(door, name: str, pin: dict, *, model: str, revision: str,
                        endpoint: str = HF_ENDPOINT) -> Row:
@@ -631,6 +649,8 @@ def verify_pin(door, name: str, pin: dict, *, scratch: Path, python: str | None 
                             digest=pin.get("digest"))
     if kind == "url":
         return [verify_url(door, name, pin, url=pin["url"], size=pin.get("size"))]
+    if kind == "patch" and "path" in pin:
+        return [verify_patch_file(door, name, pin, path=pin["path"], sha256=pin["sha256"])]
     if kind == "patch":
         return [verify_patch(door, name, pin, url=pin["url"], sha256=pin["sha256"])]
     if kind == "hf":

@@ -310,7 +310,7 @@ def _write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
     sha = door.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, timeout=30, check=False)
     dirty = door.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                      timeout=30, check=False)
-    from lib import pins  # late: pins reads a file, only when a run is created
+    from lib import pins, site_patches  # late: they read files, only when a run is created
 
     record = {
         "run_id": run_dir.name,
@@ -321,6 +321,9 @@ def _write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
         "guide": {"git_sha": sha.stdout.strip() if sha.ok else None,
                   "dirty": bool(dirty.stdout.strip()) if dirty.ok else None},
         "pins_digest": pins.digest(),
+        # patched sites on this process's path (scripts/vllm-site.sh patches vLLM's): which
+        # patched code the run's servers import, each file checked against its recorded sha256
+        "site_patches": site_patches.applied_on(os.environ.get("PYTHONPATH")),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "replay_with": f"{REPLAY_ENV}=results/{run_dir.name}",

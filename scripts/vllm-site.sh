@@ -30,4 +30,9 @@ fi
 tar -xvJf "$dest/vllm-site.tar.xz" -C "$dest" > "$dest/.unpacked.txt"
 top=$(head -n 1 "$dest/.unpacked.txt" | cut -d/ -f1)
 rm -f "$dest/vllm-site.tar.xz" "$dest/.unpacked.txt"
+# A vLLM site gets this project's pinned vLLM patches (pins.yaml, kind patch, applies_to vllm),
+# recorded in the site (lib/site_patches.py) and, from there, in each run's run.json.
+if compgen -G "$dest/$top/vllm-*.dist-info" > /dev/null; then
+  (cd "$(dirname "$0")/.." && python3 -m lib.site_patches apply "$dest/$top" vllm)
+fi
 echo "vllm-site.sh: $dest/$top ready (sha256 $want)"

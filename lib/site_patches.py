@@ -83,8 +83,13 @@ def apply(site: Path, package_pin: str, *, data: dict | None = None,
         if got != pin["sha256"]:
             raise SitePatchError(f"pins.{pin_name}: {pin['path']} has sha256 {got}, pinned "
                                  f"{pin['sha256']}")
-        if pin_name in done and done[pin_name]["sha256"] == got:
-            continue
+        if pin_name in done:
+            entry = done[pin_name]
+            if entry["sha256"] == got and _unchanged(site, entry["files"]):
+                continue
+            # Unpacked again over a patched site (its files back to the original), or a
+            # different patch file: forget the entry; the dry run below says whether it applies.
+            record["patches"].remove(entry)
         files = patched_files(patch_file.read_text())
         dry = _patch(site, patch_file, "--dry-run")
         if dry.returncode != 0:
@@ -102,6 +107,10 @@ def apply(site: Path, package_pin: str, *, data: dict | None = None,
                                   "files": {f: sha256_file(site / f) for f in files}})
         record_path.write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def _unchanged(site: Path, files: dict[str, str]) -> bool:
+    return all((site / f).is_file() and sha256_file(site / f) == sha for f, sha in files.items())
 
 
 def _patch(site: Path, patch_file: Path, *flags: str) -> subprocess.CompletedProcess:

@@ -146,3 +146,16 @@ def test_a_patch_pin_names_exactly_one_of_url_and_path():
             ({**base, "path": "patches/x.patch"}, None)):
         problems = pins.validate({"schema": 1, "pins": {"p": target, "q": pin}})
         assert (expected in "\n".join(problems)) if expected else problems == [], (pin, problems)
+
+
+def test_a_site_unpacked_again_over_its_patched_self_is_patched_again(site):
+    """scripts/vllm-site.sh extracts over an existing site: the files go back to vLLM's while the
+    record stays. Seen on the H200 (2026-12-01): the record alone said 'applied' and the kernel
+    ran unpatched. The files' sha256 decide, not the record."""
+    target, before, after = images(PATCH.read_text())
+    first = site_patches.apply(site, "vllm")
+    (site / target).write_text(before)  # what the second extraction does
+    assert site_patches.applied_on(str(site))[0]["patches"][0]["unchanged"] is False
+    assert site_patches.apply(site, "vllm") == first
+    assert (site / target).read_text() == after
+    assert site_patches.applied_on(str(site))[0]["patches"][0]["unchanged"] is True

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from lib.agreement import PROMPTS as ANSWER_PROMPTS
+
 CONTEXTS = ("local", "plan", "kube")
 ENGINES = ("transformers", "vllm")
 # vLLM 0.24.0's --all2all-backend values that serve as asked (lib.vllm_args.BACKENDS, which
@@ -63,6 +65,17 @@ def _int_at_least(low: int):
             raise ValueError
         n = int(v)
         if n < low:
+            raise ValueError
+        return n
+    return check
+
+
+def _int_range(low: int, high: int):
+    at_least = _int_at_least(low)
+
+    def check(v):
+        n = at_least(v)
+        if n > high:
             raise ValueError
         return n
     return check
@@ -216,6 +229,11 @@ _PARAMS = [
           "the prefill-heavy traffic shape of the backend A/B: input tokens"),
     Param("prefill_output_tokens", "an integer >= 1", _int_at_least(1), {"*": 16},
           "the prefill-heavy traffic shape of the backend A/B: output tokens"),
+    Param("answer_prompts", f"an integer from 0 to {len(ANSWER_PROMPTS)}",
+          _int_range(0, len(ANSWER_PROMPTS)), {"*": len(ANSWER_PROMPTS)},
+          "engine vllm, arms side by side (05's backend A/B, 06): each arm is asked this many "
+          "fixed prompts (greedy, top logprobs) before its cells, and each compared arm must "
+          "answer as the baseline does (lib.agreement); 0: not asked", legacy=0),
     # 06 multicomm
     Param("arm_a_comms", "an integer >= 1", _int_at_least(1), {"*": 1}, "arm A communicators"),
     Param("arm_b_comms", "an integer >= 1", _int_at_least(1), {"*": 8}, "arm B communicators"),
@@ -240,9 +258,9 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
     "03_kernel_test": COMMON + KERNEL + DEEPEP,
     "04_serve": COMMON + SERVE,
     "05_sweep": COMMON + SERVE + TRAFFIC + ("repeats", "ab_backends", "prefill_input_tokens",
-                                            "prefill_output_tokens"),
+                                            "prefill_output_tokens", "answer_prompts"),
     "06_multicomm": COMMON + KERNEL + ("arm_a_comms", "arm_b_comms", "ab_repeats") + SERVE
-                    + TRAFFIC,
+                    + TRAFFIC + ("answer_prompts",),
 }
 
 

@@ -237,6 +237,9 @@ def vllm_sections(run_dir: Path) -> list[str]:
             servers_path = Path(run_dir) / stage / "servers.json"  # runs recorded before: none
             if servers_path.exists():
                 out.append(servers_line(evidence.read_json(servers_path)))
+            answers = answers_line(Path(run_dir) / stage)
+            if answers:
+                out.append(answers)
     test_ep_path = Path(run_dir) / "03_kernel_test" / "test_ep.json"
     if test_ep_path.exists():
         out.append("\n### DeepEP test_ep beside the torch benchmark and the NCCL floor (03)\n")
@@ -251,6 +254,23 @@ def servers_line(servers: dict) -> str:
                       for arm, starts in servers["arms"].items())
     return (f"\nServers: {servers['layout']}. Seconds from launch to ready, per start: "
             f"{ready}.\n")
+
+
+def answers_line(stage_dir: Path) -> str | None:
+    """Whether each compared arm answered the fixed prompts as its baseline did (lib.agreement's
+    gates); None for a stage recorded before arms were asked."""
+    gates = [g for g in evidence.read_gates(stage_dir) or [] if " answers as " in g["gate"]]
+    if not gates:
+        return None
+
+    def said(g: dict) -> str:
+        seen = g.get("observed") or {}
+        if g["status"] == "SKIP":
+            return f"{g['gate']}: SKIP ({g['reason']})"
+        return (f"{g['gate']}: **{g['status']}** ({seen.get('agree')} of {seen.get('prompts')} "
+                f"prompts; largest logprob difference {seen.get('max_diff_nats')} nats)")
+    return ("\nAnswers (each arm asked the same greedy prompts before its cells, "
+            "lib.agreement): " + "; ".join(said(g) for g in gates) + ".\n")
 
 
 NOT_MEASURED = "not measured"  # a ratio with fewer than two paired repeats

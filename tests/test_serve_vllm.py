@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lib import params, serve, serve_vllm
-from lib.door import Door, read_transcript
+from lib.door import REPO_ROOT, Door, read_transcript
 from lib.params import ParameterError
 from lib.stage import Stage
 from lib.vllm_args import vllm_serve
@@ -61,6 +61,10 @@ NCCL_INIT_LINES = [
     "cudaDev 0 nvmlDev 0 busId 10000 commId 0xb3609cbb6ba7a88a - Init COMPLETE",
 ]
 
+# vLLM 0.24.0's answers (greedy, top-20 logprobs) to lib.agreement's prompts, eager and with CUDA
+# graphs, recorded on 1x H200 (the diagnostic's README says how)
+ANSWERS = REPO_ROOT / "results" / "diagnostics" / "vllm-answers-1xh200-20261201" / "answers.json"
+
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"{FIXTURES} absent")
 
 DOUBLE = r'''#!{python}
@@ -71,6 +75,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 LOG, MODE, RECORD, DELAY = {log!r}, {mode!r}, {record!r}, 0.002
 GRAPHS_LOG, NOEP_LOG, DEEPEP_CRASH_LOG = {graphs_log!r}, {noep_log!r}, {deepep_crash_log!r}
 TRAFFIC_CRASH_LOG, TRAFFIC_CRASH_ANY = {traffic_crash_log!r}, {traffic_crash_any!r}
+ANSWERS, WRONG_ANSWERS = {answers!r}, {wrong_answers!r}
 NCCL_LINES = {nccl_lines!r}
 CLI = ["-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -186,6 +191,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{{}}")
+        if self.path == "/v1/completions":  # a greedy answer with logprobs, as vLLM recorded it
+            recorded = json.load(open(ANSWERS, encoding="utf-8"))
+            if body.get("prompt") not in recorded["prompts"]:
+                return self.answer(400, {{"detail": "vllm-double: no recorded answer"}})
+            i = recorded["prompts"].index(body["prompt"])
+            arm = "eager" if "--enforce-eager" in args else "graphs"
+            if WRONG_ANSWERS and arm == "graphs":  # a serve that computes something else
+                i = (i + 1) % len(recorded["prompts"])
+            return self.answer(200, {{**recorded["arms"][arm]["alone"][i],
+                                      "model": body.get("model")}})
         if self.path != "/v1/chat/completions":
             return self.answer(404, {{"detail": "Not Found"}})
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
@@ -251,7 +266,8 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
                 noep_log: Path | None = None,
                 deepep_crash_log: Path | None = None,
                 traffic_crash_log: Path | None = None,
-                traffic_crash_any: bool = False) -> tuple[Path, Path]:
+                traffic_crash_any: bool = False,
+                wrong_answers: bool = False) -> tuple[Path, Path]:
     """(the vllm-double executable, the JSON file where it records its argv and env). `log`: one
     recorded log, or {backend: log} to replay the one of the backend asked for; `graphs_log`
     and `noep_log`: the recorded logs replayed for a serve without --enforce-eager and one
@@ -261,7 +277,10 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
     by an EP serve with CUDA graphs on a DeepEP backend up to its ready line, then from its first
     failed assertion on at the first streamed request, and the double exits 1 (absent: such a
     serve answers like any other); `traffic_crash_any`: every serve dies so at its first streamed
-    request, after replaying its own log up to ready."""
+    request, after replaying its own log up to ready. POST /v1/completions answers a prompt
+    lib.agreement asks with vLLM's recorded answer (ANSWERS: an eager serve's for an eager one,
+    the CUDA-graph serve's otherwise); `wrong_answers`: a serve with CUDA graphs answers each
+    prompt with the next prompt's answer, as a serve computing something else would."""
     stem = log.stem if isinstance(log, Path) else "by-backend"
     record = tmp_path / f"double-{mode}-{stem}.json"
     path = tmp_path / "bin" / "vllm-double"
@@ -274,7 +293,8 @@ def make_double(tmp_path: Path, log, mode: str = "serve", *, graphs_log: Path | 
                                   deepep_crash_log=str(deepep_crash_log) if deepep_crash_log
                                   else None,
                                   traffic_crash_log=str(traffic_crash_log) if traffic_crash_log
-                                  else None, traffic_crash_any=traffic_crash_any))
+                                  else None, traffic_crash_any=traffic_crash_any,
+                                  answers=str(ANSWERS), wrong_answers=wrong_answers))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path, record
 

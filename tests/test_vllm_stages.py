@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from lib import params, report, serve, serve_vllm
+from lib import agreement, params, report, serve, serve_vllm
 from lib import sweep as lib_sweep
 from lib.door import Door, read_transcript
 from lib.stage import Stage
 from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
-from tests.test_serve_vllm import (ALLGATHER_LOG, DEEPEP_BESIDE_DEEPEP_LOG,
+from tests.test_serve_vllm import (ALLGATHER_LOG, ANSWERS, DEEPEP_BESIDE_DEEPEP_LOG,
                                    DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG, DEEPEP_LOG, FIXTURES,
                                    GRAPHS_LOG, NOEP_LOG, listening, make_double, nccl_site)
 
@@ -46,11 +46,13 @@ def serve_with(monkeypatch, double: Path) -> None:
     monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
 
 
-def two_gpus(tmp_path, monkeypatch, mode: str, graphs_log: Path | None = GRAPHS_LOG) -> Path:
+def two_gpus(tmp_path, monkeypatch, mode: str, graphs_log: Path | None = GRAPHS_LOG,
+             wrong_answers: bool = False) -> Path:
     """Two GPUs and the vLLM double: each arm replays a real log of its kind (EP eager, EP with
-    CUDA graphs, no EP); `graphs_log=None` replays the eager log for the graphs arm too."""
+    CUDA graphs, no EP); `graphs_log=None` replays the eager log for the graphs arm too;
+    `wrong_answers`: the graphs arm answers lib.agreement's prompts wrongly."""
     double, _ = make_double(tmp_path, ALLGATHER_LOG, mode, graphs_log=graphs_log,
-                            noep_log=NOEP_LOG)
+                            noep_log=NOEP_LOG, wrong_answers=wrong_answers)
     serve_with(monkeypatch, double)
     return tmp_path / "run"
 
@@ -122,6 +124,14 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         [a.slug for r, c, a in order if (r, c) == (2, 1)][::-1]
     stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
     assert len(stopped) == 3 and all(g.status == "PASS" for g in stopped)
+    # each arm answered lib.agreement's prompts before its cells, as the baseline does
+    assert got["graphs+EP answers as eager+EP"] == "PASS"
+    assert got["eager, no EP answers as eager+EP"] == "PASS"
+    assert asked(run_dir, "06_multicomm") == 3 * len(agreement.PROMPTS)
+    saved = json.loads((run_dir / "06_multicomm" / "answers-vllm-graphs-ep.json").read_text())
+    recorded = json.loads(ANSWERS.read_text())["arms"]["graphs"]["alone"]
+    assert [a["choices"][0]["logprobs"] for a in saved] == \
+        [a["choices"][0]["logprobs"] for a in recorded]
 
     # replay: the three stages re-computed from the transcript alone
     for name, runner in (("04_serve", serve_stage.run), ("05_sweep", sweep_stage.run),
@@ -129,6 +139,55 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         replay = open_stage(run_dir, name, replay=True)
         runner(replay)
         replay.finish()
+
+
+def asked(run_dir: Path, stage: str) -> int:
+    """How many of lib.agreement's questions the stage sent (its transcript's POSTs)."""
+    return sum(1 for line in (run_dir / "transcript.jsonl").read_text().splitlines()
+               if f'"stage": "{stage}"' in line and '"kind": "http"' in line
+               and "/v1/completions" in line)
+
+
+def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measured(
+        tmp_path, monkeypatch):
+    """The graphs arm answers each prompt with the recorded answer to the next one (as a serve
+    whose MoE computes something else would): `graphs+EP answers as eager+EP` FAILs naming the
+    prompts and positions; the no-EP arm still PASSes; the throughput is measured and gated as
+    before, so the FAIL stands beside its numbers; a replay gives the same gates. With
+    answer_prompts 0 nothing is asked and no answer gate is made."""
+    run_dir = two_gpus(tmp_path, monkeypatch, "serve", wrong_answers=True)
+    s04 = open_stage(run_dir, "04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    s06 = open_stage(run_dir, "06_multicomm")
+    data = lever.run(s06)
+    s06.finish()
+    gates = {g.gate: g for g in s06.gates}
+    wrong = gates["graphs+EP answers as eager+EP"]
+    assert wrong.status == "FAIL" and wrong.reason.startswith("prompt 0: position 0: only ")
+    assert wrong.observed["agree"] < wrong.observed["prompts"] == len(agreement.PROMPTS)
+    assert wrong.evidence == ["06_multicomm/answers-vllm-eager-ep.json",
+                              "06_multicomm/answers-vllm-graphs-ep.json"]
+    assert gates["eager, no EP answers as eager+EP"].status == "PASS"
+    assert len(data["ratios"]) == 4 and all(r["n"] == 2 for r in data["ratios"])
+    book = "\n".join(report.vllm_sections(run_dir))
+    assert "graphs+EP answers as eager+EP: **FAIL** (" in book
+    assert "eager, no EP answers as eager+EP: **PASS** (8 of 8 prompts" in book
+    replay = open_stage(run_dir, "06_multicomm", replay=True)
+    lever.run(replay)
+    replay.finish()
+    assert {g.gate: g.status for g in replay.gates} == {g.gate: g.status for g in s06.gates}
+
+    quiet_dir = tmp_path / "quiet"
+    q04 = open_stage(quiet_dir, "04_serve")
+    serve_stage.run(q04)
+    q04.finish()
+    quiet = open_stage(quiet_dir, "06_multicomm", extra={"answer_prompts": 0})
+    measured = lever.run(quiet)
+    quiet.finish()
+    assert len(measured["ratios"]) == 4
+    assert not [g for g in quiet.gates if " answers as " in g.gate]
+    assert asked(quiet_dir, "06_multicomm") == 0
 
 
 def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
@@ -216,6 +275,7 @@ def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):
         ["DeepEPV2All2AllManager"]
     assert gates["allgather_reducescatter: vllm_all2all_manager"].observed["constructed"] == \
         ["AgRsAll2AllManager"]
+    assert gates["deepep_v2 answers as allgather_reducescatter"].status == "PASS"
     # both arms' servers start with the same libraries: the site, then the DeepEP build
     starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
               if '"kind": "start"' in line and '"stage": "05_sweep"' in line]
@@ -309,6 +369,9 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     assert sorted(set(data["summary"]["arm"])) == ["vllm-eager-ep", "vllm-eager-noep",
                                                    "vllm-graphs-ep"]
     assert len(data["ratios"]) == 4 and all(r["n"] == 2 for r in data["ratios"])
+    # asked once per arm: eager+EP's second start is not asked again
+    assert got["graphs+EP answers as eager+EP"] == "PASS"
+    assert asked(run_dir, "06_multicomm") == 3 * len(agreement.PROMPTS)
     noep = next(e for e in starts if "--enable-expert-parallel" not in e["key"])
     assert "--all2all-backend" not in noep["key"] and noep["env"]["EP_DISABLE_GIN"] == "1"
     replay = stage("06_multicomm", replay=True)

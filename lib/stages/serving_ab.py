@@ -29,10 +29,17 @@ of its log; its arm's remaining cells are SKIPs and it is not started again. The
 cluster's arms (deepep_v2 against allgather_reducescatter over EFA, EP_NUM_COMMS 1 against 8)
 are SKIPs here with their reason.
 
+Throughput says nothing of what an arm computes. So each arm, once its server is up and before
+its cells (an exclusive arm: at its first start), is asked lib.agreement's fixed prompts (greedy,
+top logprobs; `answer_prompts` of them, 0: none), and each comparison's arm b must answer as
+its arm a does: gate `<b> answers as <a>` (a FAIL stands beside the measured numbers; runs
+recorded before this were not asked and replay without it).
+
 Artifacts: vllm-<arm>.log per server (vllm-<arm>-<start>.log for a DeepEP arm served one at a
 time); aiperf/repeat_<r>/aiperf-<arm>-c<C>/; metrics/...; summary.csv / summary.json (lib.aiperf's
 schema, a row per arm x concurrency x repeat); ratios.json; servers.json (the layout, each
-server's seconds to ready); throughput_ab.png.
+server's seconds to ready); answers-<arm>.json (its answers to the fixed prompts);
+throughput_ab.png.
 """
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 
-from lib import serve, serve_vllm, stats, sweep
+from lib import agreement, serve, serve_vllm, stats, sweep
 from lib.evidence import gate, skip
 from lib.hardware import cuda_device_count
 from lib.stage import Stage
@@ -181,6 +188,8 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
     runs: dict[tuple, list] = {(arm.slug, shape.name): [] for arm in arms for shape in shapes}
     started: dict[str, list] = {arm.slug: [] for arm in arms}  # every server of an arm, in order
     lives: dict[int, sweep.ServerLife] = {}  # id(server) -> what its cells saw of it
+    answers: dict[str, list] = {}  # arm name -> its answers to the fixed prompts (lib.agreement)
+    answer_files: dict[str, str] = {}
 
     def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
         """Start the arm's server inside `stack`. `start`: which start of an exclusive arm's
@@ -195,6 +204,12 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             log_name=f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log"))
         started[arm.slug].append(server)
         lives[id(server)] = sweep.ServerLife(arm.name + where)
+        if p["answer_prompts"] and arm.name not in answers and not _server_problem(server):
+            # before its cells: what the arm computes, for the comparisons' answer gates
+            answers[arm.name] = agreement.ask(stage, server,
+                                              agreement.PROMPTS[:p["answer_prompts"]])
+            answer_files[arm.name] = stage.write_json(
+                agreement.ANSWERS_FILE.format(slug=arm.slug), answers[arm.name])
         return server
 
     with ExitStack() as stack:
@@ -268,6 +283,11 @@ def measure_arms(stage: Stage, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
                                                p["request_count"], shape.output_tokens, name))
     stage.add(*sweep.cell_gates(frame))
     stage.add(sweep.warmup_gate(frame))
+    if p["answer_prompts"]:  # does each compared arm compute what its baseline computes?
+        for b, a in comparisons:
+            stage.add(agreement.agreement_gate(
+                b, a, answers.get(a), answers.get(b),
+                [answer_files[n] for n in (a, b) if n in answer_files]))
     ratios = compare(frame, p["concurrency"], p["seed"], arms, shapes, comparisons)
     ratio_file = stage.write_json("ratios.json", ratios)
     for row in ratios:

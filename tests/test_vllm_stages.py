@@ -141,6 +141,18 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         replay.finish()
 
 
+def serve_then_06(run_dir: Path, extra: dict | None = None) -> tuple[Stage, dict]:
+    """04, then 06 with `extra`'s parameters, recorded in run_dir against the double two_gpus
+    set up; returns 06's sealed stage and its data."""
+    s04 = open_stage(run_dir, "04_serve")
+    serve_stage.run(s04)
+    s04.finish()
+    s06 = open_stage(run_dir, "06_multicomm", extra=extra)
+    data = lever.run(s06)
+    s06.finish()
+    return s06, data
+
+
 def asked(run_dir: Path, stage: str) -> int:
     """How many of lib.agreement's questions the stage sent (its transcript's POSTs)."""
     return sum(1 for line in (run_dir / "transcript.jsonl").read_text().splitlines()
@@ -156,12 +168,7 @@ def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measur
     before, so the FAIL stands beside its numbers; a replay gives the same gates. With
     answer_prompts 0 nothing is asked and no answer gate is made."""
     run_dir = two_gpus(tmp_path, monkeypatch, "serve", wrong_answers=True)
-    s04 = open_stage(run_dir, "04_serve")
-    serve_stage.run(s04)
-    s04.finish()
-    s06 = open_stage(run_dir, "06_multicomm")
-    data = lever.run(s06)
-    s06.finish()
+    s06, data = serve_then_06(run_dir)
     gates = {g.gate: g for g in s06.gates}
     wrong = gates["graphs+EP answers as eager+EP"]
     assert wrong.status == "FAIL" and wrong.reason.startswith("prompt 0: position 0: only ")
@@ -179,12 +186,7 @@ def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measur
     assert {g.gate: g.status for g in replay.gates} == {g.gate: g.status for g in s06.gates}
 
     quiet_dir = tmp_path / "quiet"
-    q04 = open_stage(quiet_dir, "04_serve")
-    serve_stage.run(q04)
-    q04.finish()
-    quiet = open_stage(quiet_dir, "06_multicomm", extra={"answer_prompts": 0})
-    measured = lever.run(quiet)
-    quiet.finish()
+    quiet, measured = serve_then_06(quiet_dir, {"answer_prompts": 0})
     assert len(measured["ratios"]) == 4
     assert not [g for g in quiet.gates if " answers as " in g.gate]
     assert asked(quiet_dir, "06_multicomm") == 0
@@ -192,12 +194,7 @@ def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measur
 
 def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
     run_dir = two_gpus(tmp_path, monkeypatch, "serve", graphs_log=None)
-    stage = open_stage(run_dir, "04_serve")
-    serve_stage.run(stage)
-    stage.finish()
-    s06 = open_stage(run_dir, "06_multicomm")
-    data = lever.run(s06)
-    s06.finish()
+    s06, data = serve_then_06(run_dir)
     gates = {g.gate: g for g in s06.gates}
     mode = gates["graphs+EP: vllm_compile_mode"]
     assert mode.status == "FAIL" and "Enforce eager set" in mode.reason

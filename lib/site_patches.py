@@ -116,15 +116,11 @@ def _unchanged(site: Path, files: dict[str, str]) -> bool:
 def _patch(site: Path, patch_file: Path, *flags: str) -> subprocess.CompletedProcess:
     # --forward: never reverse a patch that looks applied; --batch: never ask; no backup files
     try:
-        return _run_patch(site, patch_file, flags)
+        return subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
+                               *flags, "-d", str(site), "-i", str(patch_file)],
+                              capture_output=True, text=True, timeout=60)
     except FileNotFoundError as exc:
         raise SitePatchError(f"GNU patch is needed to apply {patch_file.name}: {exc}") from exc
-
-
-def _run_patch(site: Path, patch_file: Path, flags: tuple[str, ...]):
-    return subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
-                           *flags, "-d", str(site), "-i", str(patch_file)],
-                          capture_output=True, text=True, timeout=60)
 
 
 def applied_on(pythonpath: str | None) -> list[dict]:
@@ -140,9 +136,7 @@ def applied_on(pythonpath: str | None) -> list[dict]:
             continue
         record = json.loads(record_path.read_text())
         for patch in record["patches"]:
-            now = {f: (sha256_file(Path(entry) / f) if (Path(entry) / f).is_file() else None)
-                   for f in patch["files"]}
-            patch["unchanged"] = now == patch["files"]
+            patch["unchanged"] = _unchanged(Path(entry), patch["files"])
         found.append({"site": entry, **record})
     return found
 

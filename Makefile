@@ -8,7 +8,7 @@ RUN ?=
 REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
 PIP_QUIET := -q --disable-pip-version-check
 
-.PHONY: run test book venv unit nbval reference lint clean-build
+.PHONY: run test book venv unit nbval reference kube-plane slurm
 
 # The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
@@ -42,8 +42,19 @@ reference: venv
 	@test -n "$(RUN)" || { echo "usage: make reference RUN=<run_id>"; exit 2; }
 	$(PY) -m lib.runner reference $(RUN)
 
-unit: venv
-	$(PY) -m pytest -q tests
+# A real Kubernetes control plane (kube-apiserver, scheduler, controller-manager 1.20.2 from
+# Debian's source package, etcd), built once into ~/.cache (about 12 min on 2 cores); then
+# `scripts/kube-plane.sh build` returns at once. The kube-context tests start it on 127.0.0.1.
+kube-plane:
+	scripts/kube-plane.sh build
+
+# A real two-node Slurm on this host (Debian's slurm-wlm and munge) for the slurm tests.
+slurm:
+	scripts/slurm-local.sh install
+
+# The slowest tests are printed (--durations): `make test` must stay under 20 minutes here.
+unit: venv kube-plane slurm
+	$(PY) -m pytest -q --durations=25 tests
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # then the replayable notebooks of the further reference runs (results/REPLAYED), each against
@@ -59,6 +70,6 @@ nbval: venv
 	    || exit 1; \
 	done
 	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
-	@$(PY) -c "from lib.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
+	@$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
 
 test: venv unit nbval

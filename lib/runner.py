@@ -4,35 +4,29 @@
     python -m lib.runner book RUN_ID
     python -m lib.runner reference RUN_ID   # store a run's executed notebooks in notebooks/
 
-A stage whose gates FAIL stops the stages that depend on it (DEPENDS); the run goes on with the
-others, and the exit code is 1. A notebook that raises stops the run at once.
+A stage whose gates FAIL stops the stages that read its evidence (lib.stages.registry); the run
+goes on with the others, and the exit code is 1. A notebook that raises stops the run at once.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from lib import evidence
-from lib.door import REPO_ROOT, redact_file
-from lib.params import STAGES, ParameterError, check_run_request
-from lib.stage import new_run_id
+import nbformat
+
+from lib import places
+from lib.core import evidence
+from lib.core.door import REPO_ROOT, redact_file
+from lib.core.errors import ParameterError
+from lib.core.stage import new_run_id
+from lib.stages import registry
+from lib.stages.registry import STAGES, check_run_request
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 RESULTS = REPO_ROOT / "results"
-# Which earlier stages each stage needs to have passed (no FAIL gate).
-DEPENDS = {
-    "00_cluster": (),
-    "01_public_roots": ("00_cluster",),
-    "02_image": ("00_cluster", "01_public_roots"),
-    "03_kernel_test": ("00_cluster",),
-    "04_serve": ("00_cluster",),
-    "05_sweep": ("00_cluster", "04_serve"),
-    "06_multicomm": ("00_cluster", "03_kernel_test"),
-}
 NOTEBOOK_TIMEOUT_S = 1800
 
 
@@ -56,10 +50,25 @@ def failed_stages(run_dir: Path) -> set[str]:
     return failed
 
 
-def blocked_by(stage: str, run_dir: Path) -> list[str]:
-    """The stages this one depends on that FAILED in the run."""
+def stage_engine(run_dir: Path, context: str, given: dict[str, str]) -> str:
+    """The engine a serving stage of this run resolves: as given, else as 04 recorded it in
+    this run, else the place's pick (lib.places)."""
+    if given.get("engine"):
+        return given["engine"]
+    served = run_dir / "04_serve" / "params.json"
+    if served.exists():
+        engine = evidence.read_json(served).get("engine")
+        if engine:
+            return engine
+    return places.engine_default({"context": context})
+
+
+def blocked_by(stage: str, run_dir: Path, context: str = "local",
+               given: dict[str, str] | None = None) -> list[str]:
+    """The stages this one reads (lib.stages.registry) that FAILED in the run."""
     failed = failed_stages(run_dir)
-    return [d for d in DEPENDS[stage] if d in failed]
+    upstream = registry.upstream(stage, stage_engine(run_dir, context, given or {}))
+    return [d for d in upstream if d in failed]
 
 
 def changed_since_sealed(run_dir: Path, stage: str) -> list[str]:
@@ -86,7 +95,7 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
                 return run_dir, 2
             print(f"[{stage}] already recorded in this run, hashes match: kept as is", flush=True)
             continue
-        blocked = blocked_by(stage, run_dir)
+        blocked = blocked_by(stage, run_dir, context, extra)
         if blocked:
             print(f"[{stage}] not run: {', '.join(blocked)} FAILED", flush=True)
             rc = 1
@@ -119,10 +128,17 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
 
 
 def store_reference(run_id: str) -> None:
-    """Make a recorded run the committed reference: its executed notebooks into notebooks/."""
+    """Make a recorded run the committed reference: its executed notebooks into notebooks/,
+    without papermill's injected-parameters cell. That cell names the reference run; kept, a
+    newcomer's first plain `papermill notebooks/NN.ipynb out.ipynb` would aim at the reference
+    run (refused: already recorded). Without it, such a call starts a new run, and nbval's
+    replay still finds its run from REPRO_REPLAY (run_id '' is accepted there)."""
     run_dir = RESULTS / run_id
     for stage in STAGES:
-        shutil.copyfile(run_dir / "notebooks" / f"{stage}.ipynb", NOTEBOOKS / f"{stage}.ipynb")
+        notebook = nbformat.read(run_dir / "notebooks" / f"{stage}.ipynb", as_version=4)
+        notebook.cells = [c for c in notebook.cells
+                          if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+        nbformat.write(notebook, NOTEBOOKS / f"{stage}.ipynb")
     (RESULTS / "REFERENCE").write_text(run_id + "\n", encoding="utf-8")
 
 
@@ -141,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ref.add_argument("run_id")
     args = parser.parse_args(argv)
 
-    from lib import book as book_mod
+    from lib.publish import book as book_mod
 
     if args.command == "run":
         stages = args.stages.split(",") if args.stages else None

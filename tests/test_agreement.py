@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lib import agreement
-from lib.door import REPO_ROOT
+from lib.measure import agreement
+from lib.core.door import REPO_ROOT
 
 RECORDED = json.loads((REPO_ROOT / "results" / "diagnostics" / "vllm-answers-1xh200-20261201"
                        / "answers.json").read_text())

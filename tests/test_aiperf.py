@@ -1,4 +1,4 @@
-"""lib.aiperf against real AIPerf artifacts (0.10 public reproduction, 0.13 sweep).
+"""lib.measure.aiperf against real AIPerf artifacts (0.10 public reproduction, 0.13 sweep).
 
 Failure cases are built by copying a real fixture into tmp_path and editing it, so every format
 here is one AIPerf actually wrote.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lib import aiperf
-from lib.aiperf import SUMMARY_COLUMNS, gate_cells, infer_arm, read_exports
+from lib.measure import aiperf
+from lib.measure.aiperf import SUMMARY_COLUMNS, gate_cells, infer_arm, read_exports
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
@@ -353,7 +353,7 @@ def test_gate_records_have_the_evidence_shape(public):
 # ---------------------------------------------------------------------------------------------
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lib.aiperf", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "lib.measure.aiperf", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import evidence, params, redact
-from lib.evidence import EvidenceError, Gate
+from lib.core import evidence
+from lib.stages import registry as params
+from lib.core import redact
+from lib.core.evidence import EvidenceError, Gate
 
 
 # ---- parameters ------------------------------------------------------------------------------
@@ -194,7 +196,8 @@ def test_engine_decides_the_local_defaults():
 def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp_path):
     import json as _json
 
-    from lib.stage import _open_replay, recorded_engine
+    from lib.core.stage import open_replay
+    from lib.stages.opening import recorded_engine
 
     run = tmp_path / "r"
     (run / "06_multicomm").mkdir(parents=True)
@@ -204,11 +207,11 @@ def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp
     (run / "06_multicomm" / "params.json").write_text(_json.dumps(old))
     assert recorded_engine(run, "06_multicomm") == "transformers"
     now = params.resolve("06_multicomm", {"engine": "transformers"})
-    stage = _open_replay("06_multicomm", now, run)
+    stage = open_replay("06_multicomm", now, run, params.PARAMS)
     assert stage["engine"] == "transformers" and stage["concurrency"] == [1, 2, 4]
     # a value that is not the default is a mismatch, as before
     with pytest.raises(Exception, match="concurrency"):
-        _open_replay("06_multicomm", {**now, "concurrency": [9]}, run)
+        open_replay("06_multicomm", {**now, "concurrency": [9]}, run, params.PARAMS)
 
 
 def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path):
@@ -216,7 +219,7 @@ def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path
     warmed up with warmup_requests as given, and their replay must do the same."""
     import json as _json
 
-    from lib.stage import _open_replay
+    from lib.core.stage import open_replay
 
     run = tmp_path / "r"
     (run / "05_sweep").mkdir(parents=True)
@@ -225,13 +228,13 @@ def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path
     assert now["warmup_full_batch"] is True
     old = {k: v for k, v in now.items() if k != "warmup_full_batch"}
     (run / "05_sweep" / "params.json").write_text(_json.dumps(old))
-    assert _open_replay("05_sweep", now, run)["warmup_full_batch"] is False
+    assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is False
     (run / "05_sweep" / "params.json").write_text(_json.dumps(now))  # recorded with it: as is
-    assert _open_replay("05_sweep", now, run)["warmup_full_batch"] is True
+    assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is True
     recorded_false = {**now, "warmup_full_batch": False}
     (run / "05_sweep" / "params.json").write_text(_json.dumps(recorded_false))
     with pytest.raises(Exception, match="warmup_full_batch"):  # a real difference still fails
-        _open_replay("05_sweep", now, run)
+        open_replay("05_sweep", now, run, params.PARAMS)
 
 
 @pytest.mark.parametrize("value, parsed", [(True, True), ("true", True), ("False", False),
@@ -249,10 +252,10 @@ _REPLAY_CHILD = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[3])
 from pathlib import Path
-from lib import params
-from lib.stage import _open_replay
-stage = _open_replay("05_sweep", params.resolve("05_sweep", {"engine": "transformers"}),
-                     Path(sys.argv[1]))
+from lib.stages import registry as params
+from lib.core.stage import open_replay
+stage = open_replay("05_sweep", params.resolve("05_sweep", {"engine": "transformers"}),
+                    Path(sys.argv[1]), params.PARAMS)
 print(stage.run_dir, flush=True)
 if sys.argv[2] == "killed":  # as a Jupyter kernel is stopped: no exit hooks run
     os.kill(os.getpid(), signal.SIGKILL)
@@ -262,7 +265,7 @@ if sys.argv[2] == "held":
 
 
 def _replay_in_child(run, how, tmp, **popen):
-    from lib.door import REPO_ROOT
+    from lib.core.door import REPO_ROOT
     env = {**os.environ, "TMPDIR": str(tmp)}
     return subprocess.Popen([sys.executable, "-c", _REPLAY_CHILD, str(run), how, str(REPO_ROOT)],
                             env=env, stdout=subprocess.PIPE, text=True, **popen)
@@ -274,7 +277,7 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     is gone, keeps a live process's copy and any copy whose name carries no pid."""
     import json as _json
 
-    from lib.stage import SHADOW_PREFIX, remove_orphan_shadows
+    from lib.core.stage import SHADOW_PREFIX, remove_orphan_shadows
 
     run, tmp = tmp_path / "recorded", tmp_path / "tmp"
     (run / "05_sweep").mkdir(parents=True)

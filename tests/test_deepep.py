@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from lib import deepep, pins
-from lib.door import REPO_ROOT
-from lib.params import ParameterError
+from lib.engines import deepep
+from lib.measure import testep
+from lib.roots import pins
+from lib.core.door import REPO_ROOT
+from lib.core.errors import ParameterError
 from lib.stages import image
-from lib.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
 
 SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 SHELLCHECK = REPO_ROOT / ".venv" / "bin" / "shellcheck"
@@ -397,40 +399,41 @@ def by_name(gates: list[dict]) -> dict[str, dict]:
                                         (4096, 106.2145 + 192.1745)])
 def test_the_real_logs_pass_with_two_ranks(tokens, dc):
     path = LOGS[tokens]
-    gates = by_name(deepep.gates_from_test_ep(path.read_text(), 0, num_ranks=2,
+    gates = by_name(testep.gates_from_test_ep(path.read_text(), 0, num_ranks=2,
                                               evidence=[str(path)], transport="intranode_nvlink"))
     assert [g["status"] for g in gates.values()] == ["PASS", "PASS", "PASS", "SKIP"]
-    assert "the exit code is the gate" in gates[deepep.GATE_EXIT]["reason"]
-    assert gates[deepep.GATE_RANKS]["observed"]["ranks_seen"] == [0, 1]
-    observed = gates[deepep.GATE_DC]["observed"]
+    assert "the exit code is the gate" in gates[testep.GATE_EXIT]["reason"]
+    assert gates[testep.GATE_RANKS]["observed"]["ranks_seen"] == [0, 1]
+    observed = gates[testep.GATE_DC]["observed"]
     assert observed["dc_p50_us"] == pytest.approx(dc)
     assert observed["num_tokens"] == tokens and observed["ranks_timed"] == 2
-    efa = gates[deepep.GATE_EFA]
+    efa = gates[testep.GATE_EFA]
     assert "NVLink" in efa["reason"] and "GIN off" in efa["reason"]
     assert all(g["evidence"][0] == str(path) for g in gates.values())
 
 
 def test_the_contract_threshold_lives_once_and_gates_only_when_given():
     text = LOGS[128].read_text()
-    gates = by_name(deepep.gates_from_test_ep(text, 0, num_ranks=2, evidence=["x.log"],
+    gates = by_name(testep.gates_from_test_ep(text, 0, num_ranks=2, evidence=["x.log"],
                                               transport="intranode_nvlink",
-                                              dc_p50_max_us=deepep.CONTRACT_DC_P50_US))
-    limit = gates[deepep.GATE_DC_MAX]
-    assert limit["status"] == "PASS" and deepep.CONTRACT_DC_P50_US == 740.0
+                                              dc_p50_max_us=testep.CONTRACT_DC_P50_US))
+    limit = gates[testep.GATE_DC_MAX]
+    assert limit["status"] == "PASS" and testep.CONTRACT_DC_P50_US == 740.0
     assert limit["expected"] == "<= 740 us (the contract; published 443.6 us on 2x p5en EP16)"
-    assert deepep.published_dc_p50_us() == 443.6
-    assert list(by_name(deepep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
+    assert testep.published_dc_p50_us() == 443.6
+    assert list(by_name(testep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
                                                   transport="intranode_nvlink"))) == [
-        deepep.GATE_EXIT, deepep.GATE_RANKS, deepep.GATE_DC, deepep.GATE_EFA]
-    lib_text = (REPO_ROOT / "lib" / "deepep.py").read_text()
-    assert lib_text.count("740") == 1
+        testep.GATE_EXIT, testep.GATE_RANKS, testep.GATE_DC, testep.GATE_EFA]
+    # one source of truth: the number appears once in the library
+    found = [(path, path.read_text().count("740")) for path in (REPO_ROOT / "lib").rglob("*.py")]
+    assert [(path.name, n) for path, n in found if n] == [("testep.py", 1)]
 
 
 def test_a_threshold_below_the_measured_dc_fails():
-    gates = by_name(deepep.gates_from_test_ep(LOGS[512].read_text(), 0, num_ranks=2,
+    gates = by_name(testep.gates_from_test_ep(LOGS[512].read_text(), 0, num_ranks=2,
                                               evidence=[], transport="intranode_nvlink",
                                               dc_p50_max_us=50.0))
-    failed = gates[deepep.GATE_DC_MAX]
+    failed = gates[testep.GATE_DC_MAX]
     assert failed["status"] == "FAIL"
     assert failed["reason"] == "D+C p50 55.580 us > 50 us: slower than the threshold"
 
@@ -438,29 +441,29 @@ def test_a_threshold_below_the_measured_dc_fails():
 def test_a_dropped_rank_fails_naming_it():
     text = "\n".join(line for line in LOGS[128].read_text().splitlines()
                      if "EP:   1/2" not in line)
-    gates = by_name(deepep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
+    gates = by_name(testep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
                                               transport="intranode_nvlink",
-                                              dc_p50_max_us=deepep.CONTRACT_DC_P50_US))
-    ranks = gates[deepep.GATE_RANKS]
+                                              dc_p50_max_us=testep.CONTRACT_DC_P50_US))
+    ranks = gates[testep.GATE_RANKS]
     assert ranks["status"] == "FAIL"
     assert ranks["reason"].startswith("rank(s) 1 of 2 printed no lines in case 'tokens=128 |")
     assert ranks["observed"]["missing_ranks"] == [1]
-    assert gates[deepep.GATE_DC]["status"] == "FAIL"  # a p50 over part of the ranks
-    assert "timed on 1 of 2 ranks" in gates[deepep.GATE_DC]["reason"]
-    assert gates[deepep.GATE_DC_MAX]["status"] == "FAIL"
+    assert gates[testep.GATE_DC]["status"] == "FAIL"  # a p50 over part of the ranks
+    assert "timed on 1 of 2 ranks" in gates[testep.GATE_DC]["reason"]
+    assert gates[testep.GATE_DC_MAX]["status"] == "FAIL"
 
 
 def test_a_rank_missing_one_phase_is_named():
     text = "\n".join(line for line in LOGS[4096].read_text().splitlines()
                      if not line.lstrip().startswith("+ EP:   0/2"))
-    ranks = by_name(deepep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
-                                              transport="intranode_nvlink"))[deepep.GATE_RANKS]
+    ranks = by_name(testep.gates_from_test_ep(text, 0, num_ranks=2, evidence=[],
+                                              transport="intranode_nvlink"))[testep.GATE_RANKS]
     assert ranks["status"] == "FAIL" and "rank 0 lacks reduced combine" in ranks["reason"]
 
 
 def test_more_ranks_expected_than_printed_fails():
-    ranks = by_name(deepep.gates_from_test_ep(LOGS[128].read_text(), 0, num_ranks=16,
-                                              evidence=[], transport="efa"))[deepep.GATE_RANKS]
+    ranks = by_name(testep.gates_from_test_ep(LOGS[128].read_text(), 0, num_ranks=16,
+                                              evidence=[], transport="efa"))[testep.GATE_RANKS]
     assert ranks["status"] == "FAIL"
     assert "rank(s) 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 of 16" in ranks["reason"]
     assert "printed EP sizes [2], expected 16" in ranks["reason"]
@@ -473,19 +476,19 @@ def test_more_ranks_expected_than_printed_fails():
     ([0, 134], "node 1: exit 134"),
 ])
 def test_a_nonzero_exit_fails(rc, reason):
-    gates = by_name(deepep.gates_from_test_ep(LOGS[128].read_text(), rc, num_ranks=2,
+    gates = by_name(testep.gates_from_test_ep(LOGS[128].read_text(), rc, num_ranks=2,
                                               evidence=[], transport="intranode_nvlink"))
-    exit_gate = gates[deepep.GATE_EXIT]
+    exit_gate = gates[testep.GATE_EXIT]
     assert exit_gate["status"] == "FAIL" and reason in exit_gate["reason"]
-    assert gates[deepep.GATE_RANKS]["status"] == "PASS"  # the other gates stand on their own
+    assert gates[testep.GATE_RANKS]["status"] == "PASS"  # the other gates stand on their own
 
 
 def test_no_test_ep_lines_fail_every_gate_with_the_parser_reason():
-    gates = by_name(deepep.gates_from_test_ep("Traceback ...\nRuntimeError: NCCL error\n", 1,
+    gates = by_name(testep.gates_from_test_ep("Traceback ...\nRuntimeError: NCCL error\n", 1,
                                               num_ranks=2, evidence=["n0.log"],
                                               transport="intranode_nvlink"))
     assert [g["status"] for g in gates.values()] == ["FAIL", "FAIL", "FAIL", "SKIP"]
-    assert "no test_ep.py per-rank phase lines" in gates[deepep.GATE_RANKS]["reason"]
+    assert "no test_ep.py per-rank phase lines" in gates[testep.GATE_RANKS]["reason"]
 
 
 # ---- the EFA provider line (lines in the format NCCL and aws-ofi-nccl 1.21.1 print) ------------
@@ -505,22 +508,22 @@ def efa_log(providers: dict[int, str]) -> str:
 
 
 def test_the_efa_provider_on_every_rank():
-    gates = by_name(deepep.gates_from_test_ep(efa_log({0: "efa", 1: "efa"}), 0, num_ranks=2,
+    gates = by_name(testep.gates_from_test_ep(efa_log({0: "efa", 1: "efa"}), 0, num_ranks=2,
                                               evidence=["n0.log"], transport="efa"))
-    assert gates[deepep.GATE_EFA]["status"] == "PASS"
-    assert gates[deepep.GATE_EFA]["evidence"][0] == "n0.log"
+    assert gates[testep.GATE_EFA]["status"] == "PASS"
+    assert gates[testep.GATE_EFA]["evidence"][0] == "n0.log"
     assert [g["status"] for g in gates.values()] == ["PASS"] * 4
 
 
 def test_a_rank_without_efa_or_on_tcp_fails():
-    missing = by_name(deepep.gates_from_test_ep(efa_log({0: "efa", 1: ""}), 0, num_ranks=2,
-                                                evidence=[], transport="efa"))[deepep.GATE_EFA]
+    missing = by_name(testep.gates_from_test_ep(efa_log({0: "efa", 1: ""}), 0, num_ranks=2,
+                                                evidence=[], transport="efa"))[testep.GATE_EFA]
     assert missing["status"] == "FAIL" and "rank(s) 1 of 2" in missing["reason"]
-    tcp = by_name(deepep.gates_from_test_ep(efa_log({0: "efa", 1: "tcp;ofi_rxm"}), 0,
+    tcp = by_name(testep.gates_from_test_ep(efa_log({0: "efa", 1: "tcp;ofi_rxm"}), 0,
                                             num_ranks=2, evidence=[], transport="efa"))
-    assert tcp[deepep.GATE_EFA]["status"] == "FAIL"
-    assert "tcp;ofi_rxm" in tcp[deepep.GATE_EFA]["reason"]
-    intranode_log_on_efa = by_name(deepep.gates_from_test_ep(LOGS[128].read_text(), 0,
+    assert tcp[testep.GATE_EFA]["status"] == "FAIL"
+    assert "tcp;ofi_rxm" in tcp[testep.GATE_EFA]["reason"]
+    intranode_log_on_efa = by_name(testep.gates_from_test_ep(LOGS[128].read_text(), 0,
                                                              num_ranks=2, evidence=[],
                                                              transport="efa"))
-    assert intranode_log_on_efa[deepep.GATE_EFA]["status"] == "FAIL"
+    assert intranode_log_on_efa[testep.GATE_EFA]["status"] == "FAIL"

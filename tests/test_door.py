@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lib import door as door_module
-from lib.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
+from lib.core import door as door_module
+from lib.core.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
 
 TOKEN = "hf_plantedSECRET0123456789"
 AWS_KEY_ID = "AKIA" + "ABCDEFGHIJKLMNOP"  # built, so no key-shaped string sits in the repository
@@ -239,7 +239,7 @@ def test_a_started_process_reports_its_env_as_recorded_and_replays_it(run_dir, t
     """What a server was started with comes back from the door: paths of this checkout as
     {repo}, secrets masked; in replay the recorded values, whatever the replaying machine's
     environment holds (an artifact reporting them must re-compute equal)."""
-    from lib.door import REPO_ROOT
+    from lib.core.door import REPO_ROOT
     door = Door(run_dir, "s")
     env = {"PYTHONPATH": f"/opt/site:{REPO_ROOT}", "HF_TOKEN": TOKEN}
     proc = door.start([sys.executable, "-c", "pass"], log_path=run_dir / "s" / "p.log", env=env)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.door import REPO_ROOT, Door
+from lib.core.door import REPO_ROOT, Door
 
 TOKEN = "hf_plantedSECRET0123456789"
 NOTEBOOK = REPO_ROOT / "notebooks" / "00_cluster.ipynb"
@@ -116,7 +116,8 @@ def test_replay_names_a_changed_recorded_argv(recorded, tmp_path):
 
 
 def test_a_planted_secret_reaches_no_evidence_notebook_or_book(recorded, tmp_path):
-    from lib import book, evidence
+    from lib.publish import book
+    from lib.core import evidence
 
     run = recorded / "first"
     # The secret as an argument of a recorded command, in the same run.

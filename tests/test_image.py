@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import params, pins
-from lib.door import REPO_ROOT, Door
-from lib.stage import Stage
+from lib.stages import registry as params
+from lib.roots import pins
+from lib.core.door import REPO_ROOT, Door
+from lib.core.stage import Stage
 from lib.stages import image
 
 STAGE = "02_image"

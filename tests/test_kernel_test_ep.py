@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import params
-from lib.door import Door
-from lib.params import ParameterError
-from lib.stage import Stage
+from lib.stages import registry as params
+from lib.core.door import Door
+from lib.core.errors import ParameterError
+from lib.core.stage import Stage
 from lib.stages import kernel
 from tests.test_serve_vllm import nccl_site
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lib import models
-from lib.door import REPO_ROOT
+from lib.engines import models
+from lib.core.door import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

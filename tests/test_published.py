@@ -5,10 +5,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lib.aiperf import read_exports
-from lib.published import (SOURCE, compare, figures_from_microbench, figures_from_summary,
+from lib.measure.aiperf import read_exports
+from lib.measure.published import (SOURCE, compare, figures_from_microbench, figures_from_summary,
                            reference_figures)
-from lib.testep import first_case, parse_test_ep_log, read_published_microbench
+from lib.measure.testep import first_case, parse_test_ep_log, read_published_microbench
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 PUBLIC = FIXTURES / "public-repro"

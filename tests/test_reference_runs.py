@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import evidence, report
-from lib.door import REPO_ROOT
-from lib.params import STAGES
+from lib.core import evidence
+from lib.publish import report
+from lib.core.door import REPO_ROOT
+from lib.stages.registry import STAGES
 
 RESULTS = REPO_ROOT / "results"
 REFERENCE = (RESULTS / "REFERENCE").read_text().strip()
@@ -77,9 +78,9 @@ def test_a_gpu_reference_run_measured_nccl_with_correctness(run_id):
 
 
 def test_committed_notebooks_declare_every_parameter_of_their_stage():
-    """The parameters cell is what papermill (and a reader) sees: it must be lib.notebooks'
+    """The parameters cell is what papermill (and a reader) sees: it must be lib.publish.notebooks'
     current one, naming every parameter lib.params declares for the stage."""
-    from lib.notebooks import parameters_source
+    from lib.publish.notebooks import parameters_source
 
     for stage in STAGES:
         stored = json.loads((REPO_ROOT / "notebooks" / f"{stage}.ipynb").read_text())
@@ -129,7 +130,7 @@ DEEPEP_RUNS = [r for r in FURTHER if (RESULTS / r / "03_kernel_test" / "test_ep.
 
 
 def test_a_deepep_run_is_compared_with_deepeps_own_figures_not_the_torch_benchmark():
-    from lib import published
+    from lib.measure import published
 
     assert DEEPEP_RUNS
     for run_id in DEEPEP_RUNS:
@@ -144,7 +145,7 @@ def test_a_deepep_run_is_compared_with_deepeps_own_figures_not_the_torch_benchma
 
 
 def test_deepep_figures_come_only_from_a_passing_gate_at_the_published_token_count():
-    from lib import published
+    from lib.measure import published
 
     observed = {"num_tokens": 128, "dispatch_p50_us": 15.0, "combine_p50_us": 14.0,
                 "dc_p50_us": 29.0}

@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lib import params, pins, roots
-from lib.door import Door, read_transcript
-from lib.stage import Stage
+from lib.stages import registry as params
+from lib.roots import pins
+from lib.roots import verify as roots
+from lib.core.door import Door, read_transcript
+from lib.core.stage import Stage
 from lib.stages import roots as roots_stage
 
 STAGE = "01_public_roots"

@@ -1,5 +1,7 @@
 """The runner's decisions: which stages a FAIL blocks, and when a resume is refused."""
-from lib import evidence, runner
+from lib import places, runner
+from lib.core import evidence
+from lib.stages import registry
 
 
 def record(run_dir, stage, *statuses):
@@ -8,18 +10,28 @@ def record(run_dir, stage, *statuses):
     evidence.write_json_new(run_dir / stage / "gates.json", gates)
 
 
-def test_a_fail_blocks_only_the_stages_that_depend_on_it(tmp_path):
+def test_a_fail_blocks_only_the_stages_that_read_it(tmp_path):
+    """The registry says what each stage reads: 06 on the torch benchmark (engine
+    transformers, this machine's pick) reads 03; 06 serving with vLLM reads 04, never 03."""
     record(tmp_path, "00_cluster", "PASS")
     record(tmp_path, "04_serve", "PASS", "FAIL")
     assert runner.blocked_by("05_sweep", tmp_path) == ["04_serve"]
     assert runner.blocked_by("06_multicomm", tmp_path) == []
+    assert runner.blocked_by("06_multicomm", tmp_path, given={"engine": "vllm"}) == ["04_serve"]
     record(tmp_path, "03_kernel_test", "FAIL")
     assert runner.blocked_by("06_multicomm", tmp_path) == ["03_kernel_test"]
+    assert runner.blocked_by("06_multicomm", tmp_path, given={"engine": "vllm"}) == ["04_serve"]
+    # the engine 04 recorded in the run decides when none is given
+    evidence.write_json_new(tmp_path / "04_serve" / "params.json", {"engine": "vllm"})
+    assert runner.blocked_by("06_multicomm", tmp_path) == ["04_serve"]
+    # a cluster place serves with vLLM: 06 there reads 04
+    assert registry.upstream("06_multicomm", places.engine_default({"context": "kube"})) == (
+        "00_cluster", "04_serve")
 
 
 def test_a_skip_blocks_nothing(tmp_path):
     record(tmp_path, "00_cluster", "SKIP", "PASS")
-    assert all(runner.blocked_by(s, tmp_path) == [] for s in runner.DEPENDS)
+    assert all(runner.blocked_by(s, tmp_path) == [] for s in registry.STAGES)
 
 
 def test_resume_is_refused_when_a_recorded_stage_changed(tmp_path):
@@ -62,8 +74,8 @@ def test_a_run_id_that_is_a_path_is_refused_before_any_effect(monkeypatch, tmp_p
 
 
 def test_unknown_context_stage_or_parameter_is_refused(monkeypatch, tmp_path, capsys):
-    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--context", "slurm"])
-    assert "'context'" in err and "local, plan, kube" in err
+    err = _refused(monkeypatch, tmp_path, capsys, ["run", "--context", "cloud"])
+    assert "'context'" in err and "local, plan, kube, slurm" in err
     err = _refused(monkeypatch, tmp_path, capsys, ["run", "--stages", "00_cluster,07_extra"])
     assert "'stages'" in err and "06_multicomm" in err
     err = _refused(monkeypatch, tmp_path, capsys,

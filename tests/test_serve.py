@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from lib import models, params, serve
-from lib.door import Door, _group_alive, read_transcript
-from lib.evidence import read_gates
-from lib.stage import Stage
+from lib.engines import models
+from lib.stages import registry as params
+from lib.engines import transformers as serve
+from lib.core.door import Door, _group_alive, read_transcript
+from lib.core.evidence import read_gates
+from lib.core.stage import Stage
 from lib.stages import serve as serve_stage
 
 FAULT_TIMEOUT_S = 120.0  # a fault must end the wait well before this
@@ -157,17 +159,20 @@ def test_backstop_stops_a_server_left_running(tmp_path, model_dir):
     assert len([g for g in stage.gates if g.gate == "server stopped"]) == 1
 
 
-def test_cluster_contexts_skip_with_reason(tmp_path):
-    stage = make_stage(tmp_path / "run", given={"context": "plan"})
+@pytest.mark.parametrize("context, said", [("plan", "planned, not run"),
+                                           ("kube", "not built yet"),
+                                           ("slurm", "not built yet")])
+def test_a_place_that_cannot_serve_skips_with_its_reason(tmp_path, context, said):
+    stage = make_stage(tmp_path / "run", given={"context": context})
     data = serve_stage.run(stage)
     assert data["skipped"]
     assert {g.status for g in stage.gates} == {"SKIP"}
-    assert all("not built yet" in g.reason for g in stage.gates)
+    assert all(said in g.reason for g in stage.gates), [g.reason for g in stage.gates]
 
 
 def test_engine_picked_by_hardware_here(tmp_path):
-    from lib.params import ParameterError
-    from lib.stage import check_engine_here, engine_for_this_machine
+    from lib.core.params import ParameterError
+    from lib.places.local import check_engine_here, engine_for_this_machine
 
     assert engine_for_this_machine() == "transformers"  # no vllm (and no GPU) here
     with pytest.raises(ParameterError, match="'engine' = 'vllm'.*needs 2 or more GPUs"):

@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from lib import params, serve, serve_vllm
-from lib.door import REPO_ROOT, Door, read_transcript
-from lib.params import ParameterError
-from lib.stage import Stage
-from lib.vllm_args import vllm_serve
+from lib.stages import registry as params
+from lib.engines import transformers as serve
+from lib.engines import vllm_server as serve_vllm
+from lib.core.door import REPO_ROOT, Door, read_transcript
+from lib.core.errors import ParameterError
+from lib.core.stage import Stage
+from lib.engines.vllm_args import vllm_serve
 
 FIXTURES = (Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
             / "vllm-0.24.0-2xh200")

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lib import params, pins, site_patches
-from lib.door import REPO_ROOT, Door
-from lib.site_patches import RECORD, SitePatchError
+from lib.stages import registry as params
+from lib.roots import pins
+from lib.engines import site_patches
+from lib.core.door import REPO_ROOT, Door
+from lib.engines.site_patches import RECORD, SitePatchError
 
 PIN = "vllm_patch_deepep_v2_expert_ids"
 PATCH = REPO_ROOT / pins.load()["pins"][PIN]["path"]
@@ -101,7 +103,8 @@ def test_the_command_line_says_what_it_did(site, capsys):
 
 def test_a_run_records_the_patched_sites_on_its_path_and_whether_they_changed(site, tmp_path,
                                                                              monkeypatch):
-    from lib.stage import _open_record
+    from lib.core.stage import open_record
+    from lib.stages.opening import write_run_json
 
     target, _, _ = images(PATCH.read_text())
     site_patches.apply(site, "vllm")
@@ -110,7 +113,7 @@ def test_a_run_records_the_patched_sites_on_its_path_and_whether_they_changed(si
     monkeypatch.setenv("PYTHONPATH", f"{plain}:{site}")
     resolved = params.resolve("00_cluster", {"results_dir": str(tmp_path / "results"),
                                              "run_id": "r1"})
-    stage = _open_record("00_cluster", resolved)
+    stage = open_record("00_cluster", resolved, write_run_json)
     run = json.loads((stage.run_dir / "run.json").read_text())
     (found,) = run["site_patches"]
     assert found["site"] == str(site) and found["version"] == "0.24.0"
@@ -118,12 +121,12 @@ def test_a_run_records_the_patched_sites_on_its_path_and_whether_they_changed(si
     (site / target).write_text((site / target).read_text() + "# edited after patching\n")
     assert site_patches.applied_on(str(site))[0]["patches"][0]["unchanged"] is False
     monkeypatch.delenv("PYTHONPATH")
-    stage = _open_record("00_cluster", {**resolved, "run_id": "r2"})
+    stage = open_record("00_cluster", {**resolved, "run_id": "r2"}, write_run_json)
     assert json.loads((stage.run_dir / "run.json").read_text())["site_patches"] == []
 
 
 def test_stage_01_verifies_the_project_patch_in_the_checkout(tmp_path):
-    from lib import roots
+    from lib.roots import verify as roots
 
     pin = pins.load()["pins"][PIN]
     door = Door(tmp_path / "run", "01_public_roots")

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lib.aiperf import read_exports
-from lib.stats import paired_ratio, scaling_columns, summarize_repeats
+from lib.measure.aiperf import read_exports
+from lib.measure.stats import paired_ratio, scaling_columns, summarize_repeats
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 PUBLIC = FIXTURES / "public-repro"

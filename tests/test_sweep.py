@@ -10,10 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lib import aiperf as aiperf_export
-from lib import evidence, models, params, serve, sweep
-from lib.door import Door, read_transcript
-from lib.stage import Stage
+from lib.measure import aiperf as aiperf_export
+from lib.core import evidence
+from lib.engines import models
+from lib.stages import registry as params
+from lib.engines import transformers as serve
+from lib.measure import sweep
+from lib.core.door import Door, read_transcript
+from lib.core.stage import Stage
 from lib.stages import serve as serve_stage
 from lib.stages import sweep as sweep_stage
 
@@ -101,22 +105,32 @@ def test_skips_every_cell_when_04_failed(tmp_path):
     assert all("04_serve FAILED" in g.reason and "server ready" in g.reason for g in stage.gates)
 
 
-def test_cluster_context_skips(tmp_path):
+def test_a_sweep_after_a_serve_that_measured_nothing_skips(tmp_path):
+    """04 on a place that cannot serve records SKIPs only; 05 then measures nothing, saying
+    why, and starts nothing."""
+    s04 = make_stage(tmp_path / "run", "04_serve", {"context": "kube"})
+    serve_stage.run(s04)
+    s04.finish()
     stage = make_stage(tmp_path / "run", "05_sweep", {"context": "kube"})
     sweep_stage.run(stage)
     assert {g.status for g in stage.gates} == {"SKIP"}
-    assert all("not built yet" in g.reason for g in stage.gates)
+    assert all("04_serve passed no gate in this run (all SKIP)" in g.reason for g in stage.gates)
+    assert read_transcript(tmp_path / "run" / "transcript.jsonl") == []
 
 
 # ---- real AIPerf ---------------------------------------------------------------------------------
-def test_stage_05_measures_and_replays(tmp_path):
+def test_stage_05_measures_and_replays(tmp_path, monkeypatch):
     """Real 04, then a real one-level sweep (its own server), then a replay of 05."""
     run_dir = tmp_path / "run"
     s04 = make_stage(run_dir, "04_serve")
     serve_stage.run(s04)
     s04.finish()
     stage = make_stage(run_dir, "05_sweep", SMALL)
+    from tests.test_vllm_stages import spy_on_the_loop
+
+    loops = spy_on_the_loop(monkeypatch)
     data = sweep_stage.run(stage)
+    assert loops == [("05_sweep", ("transformers",))]  # the one loop, with one arm
     sweep_stage.show(stage, data)
     stage.finish()
     gates = evidence.read_gates(stage.dir)
@@ -212,7 +226,7 @@ def test_rss_gate():
 
 
 def test_metric_total_sums_every_engine_and_ignores_lookalikes():
-    from lib.sweep import GENERATION_TOKENS, metric_total
+    from lib.measure.sweep import GENERATION_TOKENS, metric_total
 
     text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
             "# TYPE vllm:generation_tokens_total counter\n"
@@ -224,7 +238,7 @@ def test_metric_total_sums_every_engine_and_ignores_lookalikes():
 
 
 def test_token_count_gates_fail_when_vllm_counted_less():
-    from lib.sweep import Cell, CellRun, token_count_gates
+    from lib.measure.sweep import Cell, CellRun, token_count_gates
 
     def run(before, after):
         r = CellRun(Cell(1, 4), 0, False, 1.0, "", [], None)
@@ -248,7 +262,7 @@ def test_the_aiperf_shim_hides_torch_from_transformers_tokenizers():
     import subprocess
     import sys
 
-    from lib.door import REPO_ROOT
+    from lib.core.door import REPO_ROOT
 
     probe = ("import sys, importlib.util, numpy; from transformers import AutoTokenizer; "
              "print('torch' in sys.modules, importlib.util.find_spec('torch') is None)")
@@ -276,7 +290,7 @@ def test_aiperf_exit_error_box_becomes_one_plain_line():
     """What AIPerf 0.13 printed on 2x H200 when every request failed (its server had died; run
     gpu-2xh200-deepep-vllm-20261130d): a coloured box, unwrapped to one line without the
     terminal's escape codes, the reason and the log file kept."""
-    from lib.door import REPO_ROOT
+    from lib.core.door import REPO_ROOT
 
     recorded = (REPO_ROOT / "results" / "gpu-2xh200-deepep-vllm-20261130d" / "calls"
                 / "06_multicomm" / "2454.stdout").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.testep import (PHASES, as_published_shape, first_case, parse_test_ep_log,
+from lib.measure.testep import (PHASES, as_published_shape, first_case, parse_test_ep_log,
                         parse_test_ep_text, read_published_microbench)
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"

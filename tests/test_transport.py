@@ -2,8 +2,8 @@
 
 import pytest
 
-from lib.params import ParameterError
-from lib.transport import (DEFAULT_PLUGIN_PATH, DROPPED_BY_REVIEW, EFA, INTRANODE_NVLINK,
+from lib.core.errors import ParameterError
+from lib.engines.transport import (DEFAULT_PLUGIN_PATH, DROPPED_BY_REVIEW, EFA, INTRANODE_NVLINK,
                            TRANSPORTS, apply_transport, contract, nccl_preload, transport_env,
                            unset_vars)
 
@@ -62,7 +62,7 @@ def test_intranode_without_a_site_has_no_preload_and_deepep_refuses_it():
     bare = transport_env("intranode_nvlink")
     assert "LD_PRELOAD" not in bare
     assert set(transport_env("intranode_nvlink", nccl_site=SITE)) - set(bare) == {"LD_PRELOAD"}
-    from lib.vllm_args import vllm_env
+    from lib.engines.vllm_args import vllm_env
     with pytest.raises(ParameterError, match="nccl_site.*2.30.4"):
         vllm_env(backend="deepep_v2", ep_num_comms=1, transport="intranode_nvlink")
     env = vllm_env(backend="allgather_reducescatter", ep_num_comms=1,
@@ -120,7 +120,7 @@ def test_every_variable_says_why_and_where():
 
 
 def test_deepep_pythonpath_orders_site_checkout_inherited_and_names_what_is_missing():
-    from lib.transport import deepep_pythonpath
+    from lib.engines.transport import deepep_pythonpath
 
     assert deepep_pythonpath("/s", "/d", "/a:/b") == "/s:/d:/a:/b"
     assert deepep_pythonpath("/s", "/d") == "/s:/d"

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import pins
-from lib.params import ParameterError
-from lib.transport import transport_env
-from lib.vllm_args import BACKENDS, vllm_serve, worker_start_rank
+from lib.roots import pins
+from lib.core.errors import ParameterError
+from lib.engines.transport import transport_env
+from lib.engines.vllm_args import BACKENDS, vllm_serve, worker_start_rank
 
 MODEL = "Qwen/Qwen3-30B-A3B-FP8"
 SITE = "/opt/venv/lib/python3.12/site-packages"
@@ -194,8 +194,8 @@ def test_an_in_place_deepep_build_goes_on_pythonpath_behind_its_site_only_locall
 
 
 def test_params_all2all_backends_are_vllm_args_backends():
-    from lib import params
-    from lib.vllm_args import BACKENDS
+    from lib.stages import registry as params
+    from lib.engines.vllm_args import BACKENDS
 
     assert params.ALL2ALL_BACKENDS == BACKENDS
     with pytest.raises(ParameterError, match="all2all_backend"):

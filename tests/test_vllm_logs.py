@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.vllm_logs import (assert_backend, efa_provider_per_rank, nccl_comm_lines, nccl_version,
+from lib.engines.vllm_logs import (assert_backend, efa_provider_per_rank, nccl_comm_lines, nccl_version,
                            per_rank_nccl, rank0_pid, requested_in_log, startup_seconds)
 from tests.test_serve_vllm import NOEP_LOG, RECORDED_06
 
@@ -303,7 +303,7 @@ def test_efa_provider_ties_lines_to_ranks_through_init_lines():
 
 # --- eager vs CUDA graphs, EP on vs off ----------------------------------------------------------
 def test_compile_mode_gate_on_the_real_eager_log():
-    from lib.vllm_logs import compile_mode_gate
+    from lib.engines.vllm_logs import compile_mode_gate
 
     text = (FIXTURES / "vllm-0.24.0-2xh200" / "vllm-allgather_reducescatter.log").read_text()
     assert compile_mode_gate(text, True, log_name="x.log")["status"] == "PASS"
@@ -314,7 +314,7 @@ def test_compile_mode_gate_on_the_real_eager_log():
 
 
 def test_compile_mode_gate_graphs_line_in_vllms_format():
-    from lib.vllm_logs import compile_mode_gate
+    from lib.engines.vllm_logs import compile_mode_gate
 
     # vLLM 0.24.0's format string (gpu_model_runner.py): "Graph capturing finished in %.0f secs,
     # took %.2f GiB"; no recorded log of a graph serve exists yet.
@@ -328,7 +328,7 @@ def test_compile_mode_gate_graphs_line_in_vllms_format():
 def test_expert_parallel_off_gate_on_the_recorded_serve_without_ep():
     """vLLM 0.24.0 at DP=2 without --enable-expert-parallel (recorded on 2x H200): no EP
     split, the DP fallback line, and the AllGather+ReduceScatter manager: PASS."""
-    from lib.vllm_logs import expert_parallel_off_gate
+    from lib.engines.vllm_logs import expert_parallel_off_gate
 
     text = NOEP_LOG.read_text()
     got = expert_parallel_off_gate(text, dp_size=2, log_name="06/vllm-eager-noep.log")
@@ -340,7 +340,7 @@ def test_expert_parallel_off_gate_on_the_recorded_serve_without_ep():
 
 
 def test_expert_parallel_off_gate_fails_on_what_a_serve_without_ep_never_logs():
-    from lib.vllm_logs import expert_parallel_off_gate
+    from lib.engines.vllm_logs import expert_parallel_off_gate
 
     # a serve WITH EP (its recorded log): an EP split
     with_ep = expert_parallel_off_gate((RECORDED_06 / "vllm-eager-ep.log").read_text(),
@@ -366,7 +366,7 @@ def test_first_fatal_line_of_a_server_that_died_and_none_of_one_that_did_not():
     """Run gpu-2xh200-deepep-vllm-20261130d on 2x H200: graphs+EP on deepep_v2 died under
     traffic (a device-side assert, then AcceleratorError, then the engine's fatal error); the
     eager servers beside it were stopped cleanly and their logs name nothing fatal."""
-    from lib.vllm_logs import first_fatal_line
+    from lib.engines.vllm_logs import first_fatal_line
 
     run = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
     died = (run / "06_multicomm" / "vllm-graphs-ep-1.log").read_text()
@@ -389,7 +389,7 @@ def test_quoted_line_numbers_are_the_ones_grep_prints_past_progress_bars():
     made it 712), and a worker's frame keeps its "(Worker_... pid=N)" prefix."""
     import subprocess
 
-    from lib.vllm_logs import _lines, first_fatal_line
+    from lib.engines.vllm_logs import _lines, first_fatal_line
 
     log = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
            / "06_multicomm" / "vllm-graphs-ep-1.log")
@@ -410,7 +410,7 @@ def test_the_step_a_dying_engine_core_dumped_and_none_where_nothing_died():
     """Both graphs+EP starts of run gpu-2xh200-deepep-vllm-20261130d died on DP rank 1: the
     first in a step of 135 tokens (a new 134-token prompt beside one decode), the second in a
     1-token decode step; the eager servers that were stopped cleanly dumped nothing."""
-    from lib.vllm_logs import crashed_step, describe_step
+    from lib.engines.vllm_logs import crashed_step, describe_step
 
     run = Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepep-vllm-20261130d"
     logs = run / "06_multicomm"

@@ -11,11 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from lib import agreement, params, report, serve, serve_vllm
-from lib import sweep as lib_sweep
-from lib.door import Door, read_transcript
-from lib.stage import Stage
-from lib.stages import lever, serve as serve_stage, serving_ab, sweep as sweep_stage
+from lib.measure import agreement
+from lib.stages import registry as params
+from lib.publish import report
+from lib.engines import transformers as serve
+from lib.engines import vllm_server as serve_vllm
+from lib.measure import sweep as lib_sweep
+from lib.core.door import Door, read_transcript
+from lib.core.stage import Stage
+from lib.measure import serving
+from lib.places import local as local_place
+from lib.stages import ab, lever, serve as serve_stage, sweep as sweep_stage
 from tests.test_serve_vllm import (ALLGATHER_LOG, ANSWERS, DEEPEP_BESIDE_DEEPEP_LOG,
                                    DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG, DEEPEP_LOG, FIXTURES,
                                    GRAPHS_LOG, NOEP_LOG, listening, make_double, nccl_site)
@@ -37,12 +43,23 @@ def open_stage(run_dir: Path, name: str, replay: bool = False, extra: dict | Non
     return Stage(name, params.resolve(name, given), run_dir, door, run_dir if replay else None)
 
 
+def spy_on_the_loop(monkeypatch) -> list[tuple[str, tuple[str, ...]]]:
+    """Each call of lib.measure.serving.measure, as (stage, its arms' names)."""
+    calls, loop = [], serving.measure
+
+    def spy(stage, serve, arms, *args, **kwargs):
+        calls.append((stage.name, tuple(a.name for a in arms)))
+        return loop(stage, serve, arms, *args, **kwargs)
+
+    monkeypatch.setattr(serving, "measure", spy)
+    return calls
+
+
 def serve_with(monkeypatch, double: Path) -> None:
     """The seams patched for every test here: vLLM is `double`, the machine has 2 GPUs, and
     the tiny model stands in for the default one."""
     monkeypatch.setattr(serve_vllm, "PYTHON", str(double))
-    for module in (serve_stage, sweep_stage, serving_ab):
-        monkeypatch.setattr(module, "cuda_device_count", lambda door: 2)
+    monkeypatch.setattr(local_place, "cuda_device_count", lambda door: 2)
     monkeypatch.setattr(serve, "model_flavor", lambda engine: "tiny")
 
 
@@ -97,6 +114,7 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     assert saved["argv"][saved["argv"].index("--all2all-backend") + 1] == \
         "allgather_reducescatter"
 
+    loops = spy_on_the_loop(monkeypatch)
     s05, data, got = run_without_fail(run_dir, "05_sweep", sweep_stage.run)
     counted = [g for g in s05.gates if g.gate.endswith("vLLM counted the generated tokens")]
     assert len(counted) == 6 and all(g.status == "PASS" for g in counted)
@@ -119,7 +137,7 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         ("graphs+EP", 1, 2), ("graphs+EP", 2, 2), ("eager, no EP", 1, 2), ("eager, no EP", 2, 2)]
     assert all(r["low"] <= r["ratio"] <= r["high"] for r in ratios)
     # the arms were interleaved: repeat 2 ran them in reverse order
-    order = [c for c in serving_ab.cell_order(2, [1, 2])]
+    order = [c for c in serving.cell_order(2, [1, 2], lever.ARMS)]
     assert [a.slug for r, c, a in order if (r, c) == (1, 1)] == \
         [a.slug for r, c, a in order if (r, c) == (2, 1)][::-1]
     stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
@@ -128,6 +146,9 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     assert got["graphs+EP answers as eager+EP"] == "PASS"
     assert got["eager, no EP answers as eager+EP"] == "PASS"
     assert asked(run_dir, "06_multicomm") == 3 * len(agreement.PROMPTS)
+    # 05 and 06 measured through the one loop: 05 with its one arm, 06 with three
+    assert loops == [("05_sweep", ("vLLM",)),
+                     ("06_multicomm", ("eager+EP", "graphs+EP", "eager, no EP"))]
     saved = json.loads((run_dir / "06_multicomm" / "answers-vllm-graphs-ep.json").read_text())
     recorded = json.loads(ANSWERS.read_text())["arms"]["graphs"]["alone"]
     assert [a["choices"][0]["logprobs"] for a in saved] == \
@@ -474,19 +495,19 @@ def test_only_a_server_that_exits_by_itself_fails_and_a_live_one_costs_no_call(t
 
 
 def test_deepep_arms_are_served_one_at_a_time_and_the_repeats_alternate_them():
-    eager, graphs, noep = serving_ab.ARMS
-    assert serving_ab.exclusive_arms(serving_ab.ARMS, "deepep_v2") == (eager, graphs)
-    assert serving_ab.exclusive_arms(serving_ab.ARMS, "allgather_reducescatter") == ()
+    eager, graphs, noep = lever.ARMS
+    assert serving.exclusive_arms(lever.ARMS, "deepep_v2") == (eager, graphs)
+    assert serving.exclusive_arms(lever.ARMS, "allgather_reducescatter") == ()
     # 05's backend A/B: one DeepEP server beside an allgather one, side by side as before
-    backends = serving_ab.backend_arms(["allgather_reducescatter", "deepep_v2"])
-    assert serving_ab.exclusive_arms(backends, "allgather_reducescatter") == ()
-    order = serving_ab.cell_order(2, [4, 32], serving_ab.ARMS, by_arm=True)
+    backends = ab.backend_arms(["allgather_reducescatter", "deepep_v2"])
+    assert serving.exclusive_arms(backends, "allgather_reducescatter") == ()
+    order = serving.cell_order(2, [4, 32], lever.ARMS, by_arm=True)
     assert [(r, c, arm.name) for r, c, arm in order] == [
         (1, 4, "eager+EP"), (1, 32, "eager+EP"), (1, 4, "graphs+EP"), (1, 32, "graphs+EP"),
         (1, 4, "eager, no EP"), (1, 32, "eager, no EP"),
         (2, 4, "eager, no EP"), (2, 32, "eager, no EP"), (2, 4, "graphs+EP"),
         (2, 32, "graphs+EP"), (2, 4, "eager+EP"), (2, 32, "eager+EP")]
-    side_by_side = serving_ab.cell_order(2, [4, 32], serving_ab.ARMS)
+    side_by_side = serving.cell_order(2, [4, 32], lever.ARMS)
     assert [(r, c, arm.name) for r, c, arm in side_by_side][:4] == [
         (1, 4, "eager+EP"), (1, 4, "graphs+EP"), (1, 4, "eager, no EP"), (1, 32, "eager+EP")]
     assert sorted(map(str, order)) == sorted(map(str, side_by_side))  # the same cells

@@ -1,22 +1,16 @@
 """Stage 00: can this context run the guide? Host facts, then gates on what they allow."""
 from __future__ import annotations
 
-import json
 import re
 
-from lib.evidence import gate, skip
-from lib.stage import Stage
+from lib import places
+from lib.core.evidence import gate, skip
+from lib.core.stage import Stage
+from lib.places import NodeNeeds, Unsupported
 
 GDRDRV_MIN = (2, 5)  # gdrdrv 2.4 + libgdrapi 2.5 passes transport but breaks combine (ANCHORS §4)
 MIN_CORES = 2  # two gloo ranks, or a server and AIPerf on their own cores
 MIN_MEMORY_GIB = 8
-EFA_NICS_PER_INSTANCE = {"p5en.48xlarge": 16, "p5.48xlarge": 32}
-CLUSTER_MODEL_EXPERTS = 128  # Qwen3-30B-A3B: EP size must divide it
-
-
-def meminfo_kib(text: str | None, key: str) -> int | None:
-    match = re.search(rf"^{key}:\s+(\d+)", text or "", re.M)
-    return int(match.group(1)) if match else None
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -24,51 +18,9 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in match.groups() if x is not None) if match else None
 
 
-def host_facts(stage: Stage) -> dict:
-    """Everything observed about this host, each value through the door."""
-    door = stage.door
-    cpuinfo = door.read_text("/proc/cpuinfo")
-    meminfo = door.read_text("/proc/meminfo")
-    facts: dict = {
-        "cpu_cores": len(re.findall(r"^processor\s*:", cpuinfo or "", re.M)),
-        "cpu_model": (re.findall(r"^model name\s*:\s*(.+)$", cpuinfo or "", re.M) or [None])[0],
-        "memory_gib": round((meminfo_kib(meminfo, "MemTotal") or 0) / 2**20, 1),
-        "hugepages_total": meminfo_kib(meminfo, "HugePages_Total"),
-        "hugepage_size_kib": meminfo_kib(meminfo, "Hugepagesize"),
-    }
-    facts["gpus"] = gpu_facts(stage)
-    rdma = door.listdir("/sys/class/infiniband") or []
-    facts["rdma_devices"] = rdma
-    facts["efa_devices"] = [d for d in rdma if (door.read_text(
-        f"/sys/class/infiniband/{d}/device/uevent") or "").find("DRIVER=efa") >= 0]
-    facts["gdrdrv_version"] = (door.read_text("/sys/module/gdrdrv/version") or "").strip() or None
-    kubectl = door.run(["kubectl", "version", "--client", "-o", "json"], timeout=30, check=False)
-    facts["kubectl_client"] = (
-        json.loads(kubectl.stdout).get("clientVersion", {}).get("gitVersion")
-        if kubectl.ok else None)
-    docker = door.run(["docker", "info", "--format", "{{.ServerVersion}}"], timeout=30,
-                      check=False)
-    facts["docker_engine"] = docker.stdout.strip() if docker.ok else None
-    facts["docker_error"] = None if docker.ok else (docker.stderr.strip().splitlines() or [""])[0]
-    return facts
-
-
-def gpu_facts(stage: Stage) -> list[dict]:
-    if not stage.door.which("nvidia-smi"):
-        return []
-    out = stage.door.run(
-        ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
-         "--format=csv,noheader,nounits"], timeout=60, check=False)
-    gpus = []
-    for line in out.stdout.splitlines() if out.ok else []:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4:
-            gpus.append({"index": int(parts[0]), "name": parts[1],
-                         "memory_mib": int(float(parts[2])), "driver": parts[3]})
-    return gpus
-
-
-def local_gates(stage: Stage, facts: dict, evidence: list[str]) -> list:
+def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
+    """What a node must have here (`needs`: the place's), gated; what the place does not need is
+    a SKIP with the place's reason when the node lacks it."""
     gpus = len(facts["gpus"])
     gates = [
         gate("CPU cores", facts["cpu_cores"] >= MIN_CORES, facts["cpu_cores"], f">= {MIN_CORES}",
@@ -81,18 +33,16 @@ def local_gates(stage: Stage, facts: dict, evidence: list[str]) -> list:
                           evidence=evidence))
     else:
         gates.append(skip("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)",
-                          f"{gpus} GPU(s) here: the kernel test runs on gloo/CPU and serving on "
-                          "transformers serve; the GPU paths need 2 or more", evidence))
-    gates.append(efa_gate(facts, evidence))
-    gates.append(gdrdrv_gate(facts, evidence))
+                          needs.no_gpus.format(gpus=gpus), evidence))
+    gates.append(efa_gate(facts, needs, evidence))
+    gates.append(gdrdrv_gate(facts, needs, evidence))
     if facts["hugepages_total"]:
         gates.append(gate("hugepages", True, facts["hugepages_total"], "> 0", evidence=evidence))
     else:
-        gates.append(skip("hugepages", "none allocated here; only the EFA path needs them",
-                          evidence))
+        gates.append(skip("hugepages", needs.no_hugepages, evidence))
     gates.append(skip("kubectl access to a cluster",
-                      f"the local context uses no cluster (kubectl client "
-                      f"{facts['kubectl_client'] or 'absent'})", evidence))
+                      needs.no_cluster_access.format(kubectl=facts['kubectl_client'] or 'absent'),
+                      evidence))
     if facts["docker_engine"]:
         gates.append(gate("Docker engine", True, facts["docker_engine"], "answers",
                           evidence=evidence))
@@ -103,32 +53,32 @@ def local_gates(stage: Stage, facts: dict, evidence: list[str]) -> list:
     return gates
 
 
-def efa_gate(facts: dict, evidence: list[str]):
+def efa_gate(facts: dict, needs: NodeNeeds, evidence: list[str]):
     if facts["efa_devices"]:
         return gate("EFA devices", True, len(facts["efa_devices"]), "> 0", evidence=evidence)
-    return skip("EFA devices", "no EFA device under /sys/class/infiniband: the EFA transport is "
-                "measured on the kube context only", evidence)
+    return skip("EFA devices", needs.no_efa, evidence)
 
 
-def gdrdrv_gate(facts: dict, evidence: list[str]):
+def gdrdrv_gate(facts: dict, needs: NodeNeeds, evidence: list[str]):
     version = parse_version(facts["gdrdrv_version"])
     if version is None:
-        return skip("gdrdrv >= 2.5", "gdrdrv is not loaded here (/sys/module/gdrdrv/version "
-                    "absent); GPUDirect RDMA is a cluster fact", evidence)
+        return skip("gdrdrv >= 2.5", needs.no_gdrdrv, evidence)
     return gate("gdrdrv >= 2.5", version[:2] >= GDRDRV_MIN, facts["gdrdrv_version"], ">= 2.5",
                 evidence=evidence)
 
 
 def run(stage: Stage) -> dict:
-    if stage.context != "local":
-        stage.add(skip("cluster probe", f"the {stage.context} context's probe (nodes, GPUs and EFA "
-                       "NICs per node through kubectl) is not built yet; this guide runs it on "
-                       "the local context only for now"))
+    place = places.for_stage(stage)
+    try:
+        nodes = place.host_facts()
+    except Unsupported as why:
+        stage.add(skip("cluster probe", str(why)))
         return {"facts": None}
-    facts = host_facts(stage)
+    needs = place.node_needs()
+    facts = nodes[0]  # one node today: this host (the cluster places gate each node)
     evidence = [stage.write_json("host.json", facts)]
     stage.add(gate("host facts recorded", True, len(facts), "> 0", evidence=evidence))
-    stage.add(local_gates(stage, facts, evidence))
+    stage.add(host_gates(facts, needs, evidence))
     return {"facts": facts}
 
 

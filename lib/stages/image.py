@@ -14,9 +14,9 @@ Gates, each with its evidence file in the stage folder:
 - the .dockerignore of the build context keeps secrets and run data out and admits what the
   image COPYs;
 - every image reference is immutable (a tag that is not ``latest`` plus a digest);
-- the build: where a Docker engine answers (``docker info`` rc 0) ``docker build`` with its WHOLE
-  log in build.log, gated on its rc, then verify-image.sh inside the image; else SKIP with the
-  reason.
+- the build, by the stage's place (lib.places): on the local place, where a Docker engine answers
+  (``docker info`` rc 0), ``docker build`` with its WHOLE log in build.log, gated on its rc, then
+  verify-image.sh inside the image; else SKIP with the reason.
 
 Files are read through the door (a replay re-checks what the run saw). The build context is
 docker/ (its .dockerignore applies; the repository root is never sent to the engine).
@@ -27,9 +27,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lib import pins as pins_mod
-from lib.door import REPO_ROOT
-from lib.evidence import gate, skip
+from lib import places
+from lib.core.door import REPO_ROOT
+from lib.core.evidence import gate, skip
+from lib.places import Unsupported
+from lib.roots import pins as pins_mod
 
 DOCKER_DIR = Path("docker")
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
@@ -38,7 +40,6 @@ DOCKERIGNORE = DOCKER_DIR / ".dockerignore"
 HADOLINT = Path(".venv") / "bin" / "hadolint"
 SHELLCHECK = Path(".venv") / "bin" / "shellcheck"
 SCRIPT_PATHSPECS = ("*.sh", ".ci/run")
-BUILD_TIMEOUT_S = 4 * 3600.0
 IMAGE_NAME = "deepep-v2-efa"
 
 # Paths (relative to the build context) that must never reach the engine, and why.
@@ -480,8 +481,13 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
     stage.write_json(checks_rel, checks)
     if build:
         tag = f"{IMAGE_NAME}:pins-{pins_mod.text_digest(pins_text or '')[:12]}"
-        checks["build"] = build_image(stage, dockerfile=dockerfile, context=context, tag=tag,
-                                      repo=repo)
+        try:  # the place builds (a Docker engine here) or checks the image it runs
+            checks["build"] = places.for_stage(stage).build_image(
+                dockerfile=dockerfile, context=context, tag=tag, repo=repo)
+        except Unsupported as why:
+            stage.add(skip("docker build", str(why)),
+                      skip("verify-image.sh in the built image", str(why)))
+            checks["build"] = {"engine": False, "reason": str(why)}
     return checks
 
 
@@ -490,37 +496,6 @@ def _shown(path: Path, repo: Path) -> str:
         return Path(path).resolve().relative_to(Path(repo).resolve()).as_posix()
     except ValueError:
         return str(path)
-
-
-def build_image(stage, *, dockerfile: Path, context: Path, tag: str, repo: Path) -> dict:
-    """docker build where an engine answers (its whole log kept), then verify-image.sh in it."""
-    info = stage.door.run(["docker", "info"], timeout=60, check=False)
-    if info.rc != 0:
-        first = next((l.strip() for l in info.stderr.splitlines() if l.strip()), "no stderr")
-        reason = f"no Docker engine: docker info exited {info.rc}: {first}"
-        stage.add(skip("docker build", reason), skip("verify-image.sh in the built image", reason))
-        return {"engine": False, "reason": reason}
-    built = stage.door.run(["docker", "build", "--progress=plain", "-f", str(dockerfile),
-                            "-t", tag, str(context)], cwd=repo, timeout=BUILD_TIMEOUT_S,
-                           check=False)
-    log = stage.write_text("build.log", built.stdout + built.stderr)
-    tail = [l for l in built.stderr.splitlines() if l.strip()][-3:]
-    stage.add(gate("docker build", built.rc == 0 and not built.timed_out,
-                   observed=f"rc {built.rc}" + (" (timed out)" if built.timed_out else ""),
-                   expected="rc 0", reason="" if built.rc == 0 else " | ".join(tail),
-                   evidence=[log]))
-    if built.rc != 0:
-        stage.add(skip("verify-image.sh in the built image", "the build failed (build.log)"))
-        return {"engine": True, "tag": tag, "rc": built.rc}
-    verified = stage.door.run(["docker", "run", "--rm", tag, "/usr/local/bin/verify-image.sh"],
-                              timeout=600, check=False)
-    out = stage.write_text("verify-image.txt", verified.stdout + verified.stderr)
-    summary = next((l for l in reversed(verified.stdout.splitlines())
-                    if l.startswith("verify-image:")), "no summary line")
-    stage.add(gate("verify-image.sh in the built image", verified.rc == 0, observed=summary,
-                   expected="every check PASS", reason="" if verified.rc == 0 else summary,
-                   evidence=[out]))
-    return {"engine": True, "tag": tag, "rc": built.rc, "verify_rc": verified.rc}
 
 
 def show(stage, data: dict | None = None):

@@ -1,24 +1,27 @@
 """Stage 03: the all-to-all works (correctness) and how fast (per-phase p50/p99, beside its floor).
 
-On the local context: lib.bench.moe_a2a under torchrun, gloo on CPU, NCCL on two or more GPUs.
-Given a DeepEP build (``deepep_dir``, with ``nccl_site``) on two or more GPUs, DeepEP's own
-tests/elastic/test_ep.py runs too, through lib.deepep's argv/env contract (the cluster's), at each
-of ``test_ep_tokens``, with the torch benchmark and its NCCL floor at the same shape beside it.
+The stage's place runs the processes (lib.places: one per node, rendezvous on node 0). On the
+local place: lib.bench.moe_a2a under torchrun, gloo on CPU, NCCL on two or more GPUs. Given a
+DeepEP build (``deepep_dir``, with ``nccl_site``) on two or more GPUs, DeepEP's own
+tests/elastic/test_ep.py runs too, through lib.engines.deepep's argv/env contract (the
+cluster's), at each of ``test_ep_tokens``, with the torch benchmark and its NCCL floor at the
+same shape beside it. A place that cannot run ranks says why in one SKIP.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-
 from pathlib import Path
 
-from lib import deepep
+from lib import places
 from lib.bench import result as bench_result
-from lib.hardware import cuda_device_count
-from lib.evidence import Gate, skip
-from lib.stage import Stage
-from lib.testep import first_case, parse_test_ep_text
+from lib.core.evidence import Gate, skip
+from lib.core.stage import Stage
+from lib.engines import deepep
+from lib.measure import testep
+from lib.measure.testep import first_case, parse_test_ep_text
+from lib.places import NodeRank, RankJob, Unsupported
 
 CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use test_ep's 7168
 GPU_HIDDEN = 7168
@@ -27,15 +30,12 @@ TEST_EP_TIMEOUT_S = 900
 TEST_EP_TRANSPORT = "intranode_nvlink"  # one machine: GIN off, NCCL 2.30.4 preloaded
 
 
-def device_count(stage: Stage) -> int:
-    return cuda_device_count(stage.door)
-
-
 def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
     p = stage.params
     on_gpu = gpus >= 2
     return {
-        "nproc": min(p["ranks"], gpus) if on_gpu else p["ranks"],
+        # ranks per node: `ranks` where given (local), else every GPU of the node
+        "nproc": min(p["ranks"] or gpus, gpus) if on_gpu else p["ranks"],
         "backend": "nccl" if on_gpu else "gloo",
         "num_tokens": p["num_tokens"],
         "hidden": p["hidden"] or (GPU_HIDDEN if on_gpu else CPU_HIDDEN),
@@ -48,10 +48,14 @@ def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
     }
 
 
-def torchrun_argv(cfg: dict, port: int, out: str) -> list[str]:
+def torchrun_argv(cfg: dict, node: NodeRank, out: str) -> list[str]:
+    """torchrun of the benchmark on one node; several nodes rendezvous on node 0's port."""
+    nodes = ([] if node.nodes == 1 else
+             [f"--nnodes={node.nodes}", f"--node-rank={node.rank}"])
     return [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg['nproc']}",
-        "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "lib.bench.moe_a2a",
+        *nodes, f"--master-addr={node.master_addr}", f"--master-port={node.port}",
+        "-m", "lib.bench.moe_a2a",
         "--num-tokens", cfg["num_tokens"], "--hidden", cfg["hidden"], "--num-topk",
         cfg["num_topk"], "--num-experts", cfg["num_experts"], "--num-comms", cfg["num_comms"],
         "--iters", cfg["iters"], "--warmup", cfg["warmup"], "--seed", cfg["seed"],
@@ -60,29 +64,33 @@ def torchrun_argv(cfg: dict, port: int, out: str) -> list[str]:
 
 
 def run_bench(stage: Stage, cfg: dict, name: str) -> tuple[dict | None, list[dict]]:
-    """One torchrun of the benchmark: its result JSON (None when absent) and its gates."""
+    """One run of the benchmark on the stage's place: its result JSON (None when absent) and
+    its gates."""
     out = stage.path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    port = stage.door.free_port()
-    call = stage.door.run(torchrun_argv(cfg, port, str(out)), timeout=TORCHRUN_TIMEOUT_S,
-                          env={"OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}, check=False)
-    streams = [f"calls/{stage.name}/{call.seq:04d}.stdout", f"calls/{stage.name}/{call.seq:04d}.stderr"]
+    job = RankJob("the torch benchmark",
+                  argv=lambda node: torchrun_argv(cfg, node, str(out)),
+                  env=lambda node: {"OMP_NUM_THREADS": "1", "MASTER_ADDR": node.master_addr},
+                  timeout_s=TORCHRUN_TIMEOUT_S, nodes=stage["nodes"])
+    runs = places.for_stage(stage).run_ranks(job)
+    call = runs[0]  # the node that writes the result (rank 0's)
     result = json.loads(out.read_text()) if out.exists() else None
-    evidence = ([stage.rel(out)] if out.exists() else []) + streams
+    evidence = ([stage.rel(out)] if out.exists() else []) + call.streams
     return result, bench_result.gates_from_result(result, call.rc, call.stderr, evidence)
 
 
 def run(stage: Stage) -> dict:
-    if stage.context != "local":
-        stage.add(skip("test_ep via torchrun", f"the {stage.context} context's kernel test "
-                       "(DeepEP tests/elastic/test_ep.py, one torchrun per node) is not built yet"))
+    place = places.for_stage(stage)
+    try:
+        gpus = place.gpus()
+        cfg = bench_config(stage, gpus)
+        print(f"torchrun: {cfg['nproc']} ranks on {cfg['backend']}, {cfg['num_tokens']} tokens x "
+              f"hidden {cfg['hidden']}, top-{cfg['num_topk']} of {cfg['num_experts']} experts, "
+              f"{cfg['num_comms']} communicator(s)", flush=True)
+        result, gates = run_bench(stage, cfg, "result.json")
+    except Unsupported as why:
+        stage.add(skip("test_ep via torchrun", str(why)))
         return {"result": None}
-    gpus = device_count(stage)
-    cfg = bench_config(stage, gpus)
-    print(f"torchrun: {cfg['nproc']} ranks on {cfg['backend']}, {cfg['num_tokens']} tokens x "
-          f"hidden {cfg['hidden']}, top-{cfg['num_topk']} of {cfg['num_experts']} experts, "
-          f"{cfg['num_comms']} communicator(s)", flush=True)
-    result, gates = run_bench(stage, cfg, "result.json")
     stage.add(*[Gate(**g) for g in gates])
     if gpus < 2:
         stage.add(skip("DeepEP test_ep (GPU)", f"{gpus} GPU(s) here: DeepEP's own test_ep needs "
@@ -95,22 +103,25 @@ def run(stage: Stage) -> dict:
 
 
 def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
-    """DeepEP's own tests/elastic/test_ep.py at `num_tokens` (one process; it spawns a rank per
-    GPU), correctness on, over NVLink with GIN off (lib.transport intranode_nvlink)."""
+    """DeepEP's own tests/elastic/test_ep.py at `num_tokens` (one process per node; it spawns a
+    rank per GPU), correctness on, over NVLink with GIN off (lib.engines.transport
+    intranode_nvlink)."""
     tests_dir = Path(stage["deepep_dir"]) / "tests" / "elastic"
     argv = deepep.test_ep_argv(python=sys.executable, tests_dir=tests_dir,
                                num_processes=cfg["nproc"], num_tokens=num_tokens,
                                hidden=cfg["hidden"], num_topk=cfg["num_topk"],
                                num_experts=cfg["num_experts"])
-    env = deepep.test_ep_env(nodes=1, node_rank=0, master_addr="127.0.0.1",
-                             rdzv_port=stage.door.free_port(), transport=TEST_EP_TRANSPORT,
-                             nccl_site=stage["nccl_site"], deepep_dir=stage["deepep_dir"],
-                             inherited_pythonpath=os.environ.get("PYTHONPATH"))
-    call = stage.door.run(argv, timeout=TEST_EP_TIMEOUT_S, env=env, check=False)
-    streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
-               f"calls/{stage.name}/{call.seq:04d}.stderr"]
+    job = RankJob(f"test_ep at {num_tokens} tokens", argv=lambda node: argv,
+                  env=lambda node: deepep.test_ep_env(
+                      nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
+                      rdzv_port=node.port, transport=TEST_EP_TRANSPORT,
+                      nccl_site=stage["nccl_site"], deepep_dir=stage["deepep_dir"],
+                      inherited_pythonpath=os.environ.get("PYTHONPATH")),
+                  timeout_s=TEST_EP_TIMEOUT_S, nodes=stage["nodes"])
+    call = places.for_stage(stage).run_ranks(job)[0]
+    streams = call.streams
     text = call.stdout + "\n" + call.stderr
-    gates = deepep.gates_from_test_ep(text, None if call.timed_out else call.rc,
+    gates = testep.gates_from_test_ep(text, None if call.timed_out else call.rc,
                                       num_ranks=cfg["nproc"], evidence=streams,
                                       transport=TEST_EP_TRANSPORT)
     try:
@@ -144,7 +155,7 @@ def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> li
 
 
 def show(stage: Stage, data: dict):
-    from lib.glue import glue
+    from lib.core.glue import glue_recorded
 
     if data.get("test_ep"):
         import pandas as pd
@@ -155,14 +166,13 @@ def show(stage: Stage, data: dict):
         display(pd.DataFrame(data["test_ep"]).round(1))
         for row in data["test_ep"]:
             if row["test_ep D+C p50 (us)"] is not None:
-                glue(f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1),
-                     display=False)
+                glue_recorded(stage, f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1))
     table = bench_result.summary_table(data["result"])
     result = data["result"] or {}
     dc = ((result.get("phases_us") or {}).get("dispatch_combine") or {}).get("p50")
     floor = (result.get("floor_us") or {}).get("p50")
     if dc is not None and floor is not None:
-        glue("kernel_dc_p50_us", round(dc, 1), display=False)
-        glue("kernel_floor_p50_us", round(floor, 1), display=False)
-        glue("kernel_dc_over_floor", round(dc / floor, 2), display=False)
+        glue_recorded(stage, "kernel_dc_p50_us", round(dc, 1))
+        glue_recorded(stage, "kernel_floor_p50_us", round(floor, 1))
+        glue_recorded(stage, "kernel_dc_over_floor", round(dc / floor, 2))
     return table.round(2)

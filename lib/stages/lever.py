@@ -1,21 +1,83 @@
-"""Stage 06: the EP_NUM_COMMS lever, as an interleaved A/B with repeats and a ratio with its CI.
+"""Stage 06, the levers: interleaved A/Bs with repeats, each ratio with its bootstrap interval.
 
-On the local context the lever is the benchmark's --num-comms K (the all-to-all striped over K
-process groups): arm A (arm_a_comms) against arm B (arm_b_comms), ab_repeats runs each, in the
-order A B, B A, A B, ... so that drift of the machine falls on both arms alike.
+What it measures depends on what its place serves, and the stage says which in its title and
+gates:
 
-With engine 'vllm' the stage is the serving A/B of lib.stages.serving_ab instead (eager against
-CUDA graphs, expert parallelism against none), and the EP_NUM_COMMS lever is a SKIP: it needs
-DeepEP's GIN, which is off on one machine.
+- a cluster place (kube, slurm): EP_NUM_COMMS 1 against 8 on the same image and nodes (the
+  multicomm overlay; needs DeepEP's GIN over EFA);
+- the local place with engine 'transformers' (CPU): the torch benchmark's --num-comms K (the
+  all-to-all striped over K process groups), arm A (arm_a_comms) against arm B (arm_b_comms),
+  ab_repeats runs each, in the order A B, B A, A B, ... so drift falls on both arms alike;
+- the local place with engine 'vllm' (one GPU host): what one host can measure instead, eager
+  against CUDA graphs and expert parallelism against none, as a serving A/B (below); the
+  EP_NUM_COMMS lever is a SKIP there (it needs DeepEP's GIN, off on one machine).
+
+The serving A/B (also 05's backend A/B, with the backends as arms) is lib.measure.serving's one
+loop with several arms:
+
+Three vLLM servers of the same seeded model, started one after another (each takes
+lib.serve_vllm.GPU_MEMORY_UTILIZATION of every GPU, so all three fit) and then measured
+alternately, so drift of the machine falls on every arm alike; a server idles while another
+is measured. Except on DeepEP: two servers that each hold a DeepEP buffer are never up together
+(``exclusive_arms``). Then a repeat measures one arm after another (all of an arm's cells in a
+block), the arms' order reversed on every other repeat, so drift still falls on every arm alike;
+a DeepEP arm's server is started when its block comes and stopped when the other DeepEP arm's
+block comes (repeats eager+EP graphs+EP no-EP, no-EP graphs+EP eager+EP, ...: graphs+EP's blocks
+of repeats 1 and 2 share one server, eager+EP is started again for repeat 2):
+
+- ``eager+EP``: 04's serve (expert parallelism over the GPUs, the backend asked, --enforce-eager);
+- ``graphs+EP``: the same without --enforce-eager (torch.compile and CUDA graphs: the seed
+  sample's open question, where its non-eager path measured 239.7 against eager 301.8 tok/s at
+  concurrency 64);
+- ``eager, no EP``: the same model and DP without --enable-expert-parallel: vLLM 0.24.0 then
+  makes every MoE layer tensor-parallel across the DP ranks (each rank a 1/DP slice of every
+  expert) and gathers and reduce-scatters the tokens around it (its DP fallback, logged:
+  AllGather+ReduceScatter, no expert all-to-all). Measured on 2x H200, not assumed: the first
+  recording of this arm showed vLLM does not replicate the experts here.
+
+Per repeat and concurrency one AIPerf cell per arm, the arms' order reversed on every other
+repeat. Each ratio (graphs+EP / eager+EP, no EP / eager+EP) of output tokens/s at each concurrency
+comes with a paired bootstrap interval (lib.stats). Every number is gated by its server's log (the
+backend, the EP split or its absence, eager or graphs) and by vLLM's own token count. A server that
+exits by itself during its cells FAILs `server up through its cells`, quoting the first fatal line
+of its log; its arm's remaining cells are SKIPs and it is not started again. The
+cluster's arms (deepep_v2 against allgather_reducescatter over EFA, EP_NUM_COMMS 1 against 8)
+are SKIPs here with their reason.
+
+Throughput says nothing of what an arm computes. So each arm, once its server is up and before
+its cells (an exclusive arm: at its first start), is asked lib.agreement's fixed prompts (greedy,
+top logprobs; `answer_prompts` of them, 0: none), and each comparison's arm b must answer as
+its arm a does: gate `<b> answers as <a>` (a FAIL stands beside the measured numbers; runs
+recorded before this were not asked and replay without it).
+
+Artifacts: vllm-<arm>.log per server (vllm-<arm>-<start>.log for a DeepEP arm served one at a
+time); aiperf/repeat_<r>/aiperf-<arm>-c<C>/; metrics/...; summary.csv / summary.json (lib.measure.aiperf's
+schema, a row per arm x concurrency x repeat); ratios.json; servers.json (the layout, each
+server's seconds to ready); answers-<arm>.json (its answers to the fixed prompts);
+throughput_ab.png.
 """
+
 from __future__ import annotations
 
 import pandas as pd
 
-from lib import serve, stats
-from lib.evidence import Gate, gate, skip
-from lib.stage import Stage
-from lib.stages import kernel, serving_ab
+from lib import places
+from lib.core.evidence import Gate, gate, skip
+from lib.core.stage import Stage
+from lib.engines import transformers as serve
+from lib.measure import serving, stats
+from lib.measure.serving import Arm
+from lib.places import Unsupported
+from lib.stages import ab, kernel
+
+BASELINE = Arm("eager+EP", "vllm-eager-ep", True, True)
+ARMS = (BASELINE, Arm("graphs+EP", "vllm-graphs-ep", False, True),
+        Arm("eager, no EP", "vllm-eager-noep", True, False))
+# (arm b, over arm a): each ratio is b / a of output tokens per second
+COMPARISONS = (("graphs+EP", "eager+EP"), ("eager, no EP", "eager+EP"))
+CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_COMMS 1 against 8 "
+                "(the multicomm overlay): both need DeepEP's ElasticBuffer with GIN over an RDMA "
+                "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
 
 
 def arm_order(repeats: int, a: int, b: int) -> list[tuple[int, int]]:
@@ -35,13 +97,14 @@ def dc_p50(result: dict | None) -> float | None:
 
 def run(stage: Stage) -> dict:
     p = stage.params
-    if stage.context != "local":
-        stage.add(skip("EP_NUM_COMMS A/B", f"the {stage.context} context's serving A/B "
-                       "(vLLM EP_NUM_COMMS 1 vs 8 on the same pods) is not built yet"))
+    place = places.for_stage(stage)
+    try:
+        if serve.resolve_engine(stage) == "vllm":
+            return run_vllm(stage, place)
+        gpus = place.gpus()
+    except Unsupported as why:
+        stage.add(skip("EP_NUM_COMMS A/B", str(why)))
         return {"runs": None}
-    if serve.resolve_engine(stage) == "vllm":
-        return serving_ab.run(stage)
-    gpus = kernel.device_count(stage)
     a, b = p["arm_a_comms"], p["arm_b_comms"]
     rows, failures, failed_runs = [], [], 0
     for repeat, comms in arm_order(p["ab_repeats"], a, b):
@@ -88,10 +151,10 @@ def _verdict(ratio: dict, a: int, b: int) -> str:
 
 def show(stage: Stage, data: dict):
     if data.get("serving_ab"):
-        return serving_ab.show(stage, data)
+        return ab.show_serving_ab(stage, data)
     import matplotlib.pyplot as plt
     from IPython.display import display
-    from lib.glue import glue
+    from lib.core.glue import glue_recorded
 
     runs = data.get("runs")
     if runs is None:
@@ -105,12 +168,34 @@ def show(stage: Stage, data: dict):
     if ratio:
         ax.set_title(f"K={data['b']} / K={data['a']}: {ratio['ratio']:.2f} "
                      f"[{ratio['low']:.2f}, {ratio['high']:.2f}]")
-        glue("lever_ratio", round(ratio["ratio"], 3), display=False)
-        glue("lever_ratio_low", round(ratio["low"], 3), display=False)
-        glue("lever_ratio_high", round(ratio["high"], 3), display=False)
+        glue_recorded(stage, "lever_ratio", round(ratio["ratio"], 3))
+        glue_recorded(stage, "lever_ratio_low", round(ratio["low"], 3))
+        glue_recorded(stage, "lever_ratio_high", round(ratio["high"], 3))
     ax.legend()
     fig.tight_layout()
     fig.savefig(stage.path("ab.png"), dpi=100, metadata={"Software": None}) if not stage.replay else None
     display(fig)
     plt.close(fig)
     return runs.drop(columns=["result"]).round(2)
+
+
+# ---- the serving A/B (vLLM on one host; 05's backend A/B) -----------------------------------
+def run_vllm(stage: Stage, place) -> dict:
+    """06 with engine 'vllm'. Where DeepEP's GIN runs (a cluster place): the EP_NUM_COMMS lever,
+    arm_a_comms against arm_b_comms on the same image and nodes. On one GPU host: eager vs CUDA
+    graphs and EP vs none, the decode shape."""
+    p = stage.params
+    if place.gin:
+        a, b = p["arm_a_comms"], p["arm_b_comms"]
+        arms = tuple(Arm(f"EP_NUM_COMMS={k}", f"vllm-epnc{k}", p["enforce_eager"], True,
+                         num_comms=k) for k in (a, b))
+        return ab.serving_ab(stage, place, arms, serving.traffic_shapes(p, prefill=False),
+                             ((arms[1].name, arms[0].name),), p["ab_repeats"],
+                             "throughput_ab.png")
+    stage.add(skip("EP_NUM_COMMS A/B (the kernel benchmark's K communicators)",
+                   "engine 'vllm' measures the serving A/B; EP_NUM_COMMS is DeepEP's GIN lever, "
+                   "off on one machine (EP_DISABLE_GIN=1); the torch analog is 06 with engine "
+                   "'transformers'"))
+    stage.add(skip("cluster arms", CLUSTER_ARMS))
+    return ab.serving_ab(stage, place, ARMS, serving.traffic_shapes(p, prefill=False),
+                         COMPARISONS, p["ab_repeats"], "throughput_ab.png")

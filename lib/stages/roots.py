@@ -15,10 +15,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lib import pins as pins_mod
-from lib import roots
-from lib.door import REPO_ROOT
-from lib.evidence import Gate, gate, skip
+from lib.roots import pins as pins_mod
+from lib.roots import verify as roots
+from lib.core.door import REPO_ROOT
+from lib.core.evidence import Gate, gate, skip
 
 ROOTS_JSON = "roots.json"
 COLUMNS = ["root", "kind", "level", "source", "pin", "resolved", "status", "reason", "evidence"]

@@ -1,10 +1,12 @@
 """Stage 04: the MoE model is served and answers.
 
-On the local context: the seeded random-weight Qwen3-MoE (lib.models, built through the door)
-behind ``transformers serve`` (lib.serve.local_server), or with engine 'vllm' (the default where
-vllm imports and 2+ GPUs are present) at the default model's per-layer shape behind vLLM with
-DP = the GPUs and expert parallelism on (lib.serve_vllm), whose log gates the all-to-all backend,
-the EP split, eager mode and every rank's NCCL init. Gates: the model built from its seed; the
+The stage's place has the model and serves it (lib.places). On the local place: the seeded
+random-weight Qwen3-MoE (lib.engines.models, built through the door) behind ``transformers
+serve`` (lib.engines.transformers), or with engine 'vllm' (the default where vllm imports and 2+
+GPUs are present) at the default model's per-layer shape behind vLLM with DP = the GPUs and
+expert parallelism on (lib.engines.vllm_server), whose log gates the all-to-all backend, the EP
+split, eager mode and every rank's NCCL init. A place that cannot serve says why in one SKIP
+per gate. Gates: the model built from its seed; the
 server ready within server_timeout_s; /v1/models lists the model; its config.json is a Mixture of
 Experts; a chat request answers 200 with content and usage; the server stopped with nothing left.
 
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lib import serve, serve_vllm
-from lib.evidence import skip
-from lib.hardware import cuda_device_count
-from lib.stage import Stage
+from lib import places
+from lib.core.evidence import skip
+from lib.core.stage import Stage
+from lib.engines import transformers as serve
+from lib.places import ServeSpec, Unsupported
 
 CLUSTER_GATES = ["server ready", "/v1/models lists the model",
                  "model config is a Mixture of Experts",
@@ -28,34 +31,31 @@ READY_GATES = CLUSTER_GATES[1:]
 
 
 def run(stage: Stage) -> dict[str, Any]:
-    if stage.context != "local":
-        reason = (f"the {stage.context} context's serving path (vLLM StatefulSet with DeepEP-V2 "
-                  "over EFA) is not built yet; another issue owns it")
-        stage.add(*[skip(name, reason) for name in CLUSTER_GATES])
-        return {"context": stage.context, "skipped": reason}
+    place = places.for_stage(stage)
     engine = serve.resolve_engine(stage)
-    print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
-          f"{stage['seed']}, {stage['model_layers']} layers", flush=True)
-    model, built = serve.build_model(stage, engine)
+    try:
+        model, built = place.model(engine, announce=True)
+    except Unsupported as why:
+        stage.add(*[skip(name, str(why)) for name in CLUSTER_GATES])
+        return {"skipped": str(why)}
     stage.add(built)
     if model is None:
         stage.add(*serve.skip_gates(CLUSTER_GATES, "the model could not be built (see the gate "
                                                    "'model built from its seed')"))
-        return {"context": stage.context, "skipped": "the model could not be built"}
+        return {"skipped": "the model could not be built"}
     stage.write_json("model.json", {k: (stage.door.norm(v) if k == "model_dir" else v)
                                     for k, v in model.items()})
-    data: dict[str, Any] = {"context": stage.context, "engine": engine,
+    data: dict[str, Any] = {"engine": engine,
                             "model": {k: v for k, v in model.items() if k != "model_dir"},
                             "model_dir": stage.door.norm(model["model_dir"])}
     if engine == "vllm":
-        return run_vllm(stage, model, data)
-    with serve.local_server(stage, model["model_dir"],
-                            timeout_s=stage["server_timeout_s"]) as server:
+        return run_vllm(stage, place, model, data)
+    with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"])) as server:
         data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                     log=stage.rel(server.log_path))
         if server.ready:
             answers(stage, server, model, data)
-            data.update(rss_bytes=serve.server_rss(stage.door, server))
+            data.update(rss_bytes=place.server_rss(server))
         else:
             stage.add(*serve.skip_gates(READY_GATES, "the server is not ready (see the gate "
                                                      "'server ready')"))
@@ -77,17 +77,14 @@ def answers(stage: Stage, server, model: dict[str, Any], data: dict[str, Any]) -
     data.update(config=config, chat=answer)
 
 
-def run_vllm(stage: Stage, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """vLLM on this machine's GPUs: DP = the GPUs, expert parallelism on, the backend asked for
-    (lib.serve_vllm; argv and env from lib.vllm_args, the cluster's builder)."""
-    gpus = cuda_device_count(stage.door)
+def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM on the place's GPUs: DP = the GPUs, expert parallelism on, the backend asked for
+    (argv and env from lib.engines.vllm_args, the one builder)."""
+    gpus = place.gpus()
     backend = stage["all2all_backend"]
     data.update(gpus=gpus, backend=backend)
-    with serve_vllm.vllm_server(stage, model["model_dir"], gpus=gpus, backend=backend,
-                                num_experts=model["num_experts"],
-                                nccl_site=stage["nccl_site"] or None,
-                                deepep_dir=stage["deepep_dir"] or None,
-                                timeout_s=stage["server_timeout_s"]) as server:
+    with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
+                               timeout_s=stage["server_timeout_s"], gpus=gpus)) as server:
         data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                     log=stage.rel(server.log_path), startup_s=server.startup_s,
                     argv=[stage.door.norm(a) for a in server.argv], env=server.env,
@@ -136,7 +133,7 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
 
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import display
-    from lib.glue import glue
+    from lib.core.glue import glue_recorded
 
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")
@@ -147,13 +144,11 @@ def show(stage: Stage, data: dict[str, Any]) -> None:
         print(f"chat reply ({len(chat.get('content') or '')} chars, random weights: the text is "
               f"not meant to read well):\n{(chat.get('content') or '')[:200]!r}")
     config = data.get("config") or {}
-    glue("serve_ready_s", data.get("ready_s"), display=False)
-    glue("serve_num_experts", config.get("num_experts", config.get("num_local_experts")),
-         display=False)
-    glue("serve_top_k", config.get("num_experts_per_tok"), display=False)
-    glue("serve_model_params", (data.get("model") or {}).get("parameters"), display=False)
-    glue("serve_chat_completion_tokens", ((chat.get("usage") or {}).get("completion_tokens")),
-         display=False)
+    glue_recorded(stage, "serve_ready_s", data.get("ready_s"))
+    glue_recorded(stage, "serve_num_experts", config.get("num_experts", config.get("num_local_experts")))
+    glue_recorded(stage, "serve_top_k", config.get("num_experts_per_tok"))
+    glue_recorded(stage, "serve_model_params", (data.get("model") or {}).get("parameters"))
+    glue_recorded(stage, "serve_chat_completion_tokens", ((chat.get("usage") or {}).get("completion_tokens")))
     if data.get("rss_bytes"):
-        glue("serve_rss_mib", round(data["rss_bytes"] / 2 ** 20, 1), display=False)
+        glue_recorded(stage, "serve_rss_mib", round(data["rss_bytes"] / 2 ** 20, 1))
 

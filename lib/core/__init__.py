@@ -1,0 +1,1 @@
+"""The evidence core: door, evidence, redaction, errors, parameters' rules, the stage object."""

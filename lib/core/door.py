@@ -1,0 +1,572 @@
+"""The one door to the world.
+
+Every effect and every observation a stage makes goes through a Door: processes (argv lists only,
+a timeout on every call), background servers, HTTP requests, free ports, clocks, host files.
+Recording writes one JSON line per call into ``<run>/transcript.jsonl`` (argv, cwd, the env keys
+it set, rc, duration, stdout/stderr kept whole as files under ``<run>/calls/<stage>/``), with
+secrets redacted before anything is written. The values handed back to the caller are the
+redacted, recorded ones, so a recorded run and its replay see exactly the same data.
+
+Replay (``REPRO_REPLAY=<run dir>``) answers each call from the transcript, in order, per stage,
+and raises ReplayMismatch naming the call when the code asks for something else.
+
+Paths inside the run directory and the repository are recorded as ``{run}`` and ``{repo}`` so a
+run recorded in one checkout replays in another.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sh
+
+from lib.core import redact as redaction
+from lib.core.errors import CommandError, DoorError, PlanOnly, ReplayMismatch  # noqa: F401
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ALL_EXIT_CODES = list(range(-64, 256))
+KILL_GRACE_S = 10.0
+# After SIGKILL, how long a process may take to vanish: a GPU process frees its device memory
+# and contexts in the driver first (seconds), and the stop waits only while one remains.
+KILLED_EXIT_S = 30.0
+# free_port's range: [_LOWEST_PICKED_PORT, the ephemeral range's low bound read from here)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service ports
+
+
+@dataclass
+class CallResult:
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    seq: int = -1
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+
+@dataclass
+class HttpResult:
+    method: str
+    url: str
+    status: int | None
+    body: str
+    error: str | None
+    duration_s: float
+    seq: int = -1
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Background:
+    """A long-running process started through the door (a server)."""
+
+    argv: list[str]
+    pid: int
+    log_path: Path
+    seq: int
+    _running: Any = field(default=None, repr=False)
+    # The variables set over the inherited environment, as the transcript holds them (paths
+    # normalised, secrets masked): in replay, what the recorded process was started with, so an
+    # artifact that reports it does not depend on the replaying machine's environment. None when
+    # a transcript older than this field is replayed.
+    env: dict[str, str] | None = None
+    # After `Door.stop`: the processes of its group still alive when the stop gave up (empty
+    # when it is wholly gone; children and grandchildren included, which /proc reads of the
+    # leader's children miss). None before a stop, and when a transcript older than the field
+    # is replayed.
+    group_left: list[int] | None = None
+
+
+class Door:
+    def __init__(self, run_dir: Path, stage: str, *, replay: bool = False, plan: bool = False):
+        self.run_dir = Path(run_dir).resolve()
+        self.stage = stage
+        self.replay = replay
+        # plan mode: nothing is run against a cluster or a server; commands are recorded as
+        # planned (`plan`), local checkers still run (PLAN_CHECKERS), local files are still read
+        self.planning = plan
+        self.transcript_path = self.run_dir / "transcript.jsonl"
+        self.calls_dir = self.run_dir / "calls" / stage
+        self._seq = 0
+        self._script: list[dict] = []
+        if replay:
+            self._script = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
+        else:
+            done = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
+            self._seq = len(done)
+
+    # ---- path normalisation: recorded text names {run} and {repo}, never this checkout -------
+    def norm(self, text: str) -> str:
+        # The interpreter first: a run recorded with a GPU machine's python3 replays under .venv.
+        text = text.replace(sys.executable, "{python}")
+        text = text.replace(str(Path(sys.executable).parent) + "/", "{bin}/")  # its scripts
+        text = text.replace(str(self.run_dir), "{run}")
+        return text.replace(str(REPO_ROOT), "{repo}")
+
+    def denorm(self, text: str) -> str:
+        text = text.replace("{python}", sys.executable).replace("{run}", str(self.run_dir))
+        text = text.replace("{bin}/", str(Path(sys.executable).parent) + "/")
+        return text.replace("{repo}", str(REPO_ROOT))
+
+    def _clean(self, text: str) -> str:
+        return redaction.redact(self.norm(text))
+
+    def _clean_argv(self, argv: list[str]) -> list[str]:
+        return redaction.redact_argv([self.norm(str(a)) for a in argv])
+
+    # ---- transcript ---------------------------------------------------------------------------
+    def _next(self, kind: str, key: Any) -> dict:
+        """Replay: the next recorded call of this stage, which must be `kind` with `key`."""
+        index = self._seq
+        self._seq += 1
+        if index >= len(self._script):
+            raise ReplayMismatch(
+                f"replay: stage {self.stage} call #{index}: the code asks for {kind} {key!r}, "
+                f"but the transcript holds only {len(self._script)} calls for this stage"
+            )
+        entry = self._script[index]
+        if entry["kind"] != kind or not _key_matches(entry["key"], key):
+            raise ReplayMismatch(
+                f"replay: stage {self.stage} call #{index} differs:\n"
+                f"  the code asks for  {kind} {key!r}\n"
+                f"  the transcript has {entry['kind']} {entry['key']!r}"
+            )
+        return entry
+
+    def _record(self, kind: str, key: Any, **fields: Any) -> dict:
+        entry = {"stage": self.stage, "seq": self._seq, "kind": kind, "key": key, **fields}
+        self._seq += 1
+        self.transcript_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.transcript_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        return entry
+
+    def remaining(self) -> int:
+        """Replay: recorded calls of this stage the code has not asked for."""
+        return max(0, len(self._script) - self._seq) if self.replay else 0
+
+    def _write_stream(self, seq: int, name: str, text: str) -> str:
+        self.calls_dir.mkdir(parents=True, exist_ok=True)
+        path = self.calls_dir / f"{seq:04d}.{name}"
+        path.write_text(text, encoding="utf-8")
+        return str(path.relative_to(self.run_dir))
+
+    def _read_stream(self, rel: str) -> str:
+        # newline="": a carriage return stays one (see read_text).
+        with open(self.run_dir / rel, encoding="utf-8", newline="") as f:
+            return f.read()
+
+    # ---- processes ----------------------------------------------------------------------------
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        cwd: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
+        check: bool = True,
+        ok_codes: tuple[int, ...] = (0,),
+    ) -> CallResult:
+        """Run argv to completion. `env` holds only the keys to set over the current environment."""
+        if isinstance(argv, str):
+            raise DoorError("door.run takes an argv list, never a shell string")
+        if not timeout or timeout <= 0:
+            raise DoorError(f"door.run needs a positive timeout, got {timeout!r}")
+        argv = [str(a) for a in argv]
+        key = self._clean_argv(argv)
+        if self.planning and not self.replay and not _is_plan_checker(argv):
+            raise PlanOnly(f"context plan runs nothing but local checkers "
+                           f"({', '.join(PLAN_CHECKERS)}); asked to run {' '.join(key)!r}: "
+                           "record it with door.plan instead")
+        if self.replay:
+            entry = self._next("run", key)
+            result = CallResult(
+                argv=key, rc=entry["rc"], stdout=self._read_stream(entry["stdout"]),
+                stderr=self._read_stream(entry["stderr"]), duration_s=entry["duration_s"],
+                timed_out=entry["timed_out"], seq=entry["seq"],
+            )
+        else:
+            rc, out, err, duration, timed_out = _execute(argv, timeout, cwd, env, input)
+            seq = self._seq
+            out, err = self._clean(out), self._clean(err)
+            self._record(
+                "run", key, cwd=self.norm(str(cwd)) if cwd else None,
+                env=redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()}),
+                timeout_s=timeout, rc=rc, duration_s=round(duration, 6), timed_out=timed_out,
+                stdout=self._write_stream(seq, "stdout", out),
+                stderr=self._write_stream(seq, "stderr", err),
+            )
+            result = CallResult(key, rc, out, err, round(duration, 6), timed_out, seq)
+        if check and (result.rc not in ok_codes or result.timed_out):
+            raise CommandError(result)
+        return result
+
+    def start(
+        self, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+    ) -> Background:
+        """Start a long-running process in its own session, its output into log_path."""
+        argv = [str(a) for a in argv]
+        key = self._clean_argv(argv)
+        log_path = Path(log_path)
+        if self.planning and not self.replay:
+            raise PlanOnly(f"context plan starts no process; asked to start {' '.join(key)!r}")
+        if self.replay:
+            entry = self._next("start", key)
+            return Background(key, entry["pid"], log_path, entry["seq"], env=entry.get("env"))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        seq = self._seq
+        try:
+            running = sh.Command(argv[0])(
+                *argv[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
+                _cwd=str(cwd) if cwd else None, _env=_full_env(env), _new_session=True,
+                _ok_code=ALL_EXIT_CODES,
+            )
+            pid, error = running.pid, None
+        except sh.CommandNotFound as exc:
+            running, pid, error = None, -1, f"command not found: {exc}"
+        recorded_env = redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()})
+        self._record(
+            "start", key, pid=pid, error=error, log=self.norm(str(log_path)), env=recorded_env,
+            cwd=self.norm(str(cwd)) if cwd else None,
+        )
+        if error:
+            raise DoorError(error)
+        return Background(key, pid, log_path, seq, running, env=recorded_env)
+
+    def poll(self, proc: Background) -> int | None:
+        """The exit code of a background process, or None while it runs."""
+        key = {"pid_of": proc.seq}
+        if self.replay:
+            return self._next("poll", key)["rc"]
+        rc = None
+        if proc._running is not None and not proc._running.process.is_alive()[0]:
+            rc = proc._running.process.exit_code
+        self._record("poll", key, rc=rc)
+        return rc
+
+    def stop(self, proc: Background, *, timeout: float = KILL_GRACE_S) -> int | None:
+        """Stop a background process by its PID (its whole session): TERM, then KILL."""
+        key = {"pid_of": proc.seq}
+        if self.replay:
+            entry = self._next("stop", key)
+            proc.group_left = entry.get("group_left")
+            return entry["rc"]
+        rc, killed, left = None, False, []
+        if proc._running is not None:
+            rc, killed, left = _terminate(proc, timeout)
+        proc.group_left = left
+        redact_file(proc.log_path)
+        self._record("stop", key, rc=rc, killed=killed, group_left=left)
+        return rc
+
+    def plan(self, argv: list[str], *, note: str = "") -> None:
+        """Record a command a plan would run, without running it (argv as given, secrets
+        masked). A replay checks the code plans the same command at the same point."""
+        argv = [str(a) for a in argv]
+        key = self._clean_argv(argv)
+        if self.replay:
+            self._next("plan", key)
+            return
+        self._record("plan", key, note=redaction.redact(self.norm(note)))
+
+    # ---- observations -----------------------------------------------------------------------
+    def http(
+        self, method: str, url: str, *, timeout: float, json_body: Any = None,
+        headers: dict[str, str] | None = None, secret_response: bool = False,
+    ) -> HttpResult:
+        """One HTTP request. Request headers are sent but recorded by name only (they carry
+        tokens); response headers are recorded redacted.
+
+        `secret_response=True` declares that the answer carries a credential the caller must use
+        (a registry's anonymous pull token): the caller gets the raw body, the transcript and
+        a replay the redacted one. Such a body must never be displayed."""
+        key = {"method": method, "url": self.norm(url)}
+        if self.planning and not self.replay:
+            raise PlanOnly(f"context plan sends no request; asked for {method} {key['url']}")
+        if self.replay:
+            e = self._next("http", key)
+            return HttpResult(method, url, e["status"], self._read_stream(e["body"]), e["error"],
+                              e["duration_s"], e["seq"], e.get("headers") or {})
+        status, body, error, duration, got = _http(method, url, timeout, json_body, headers)
+        seq = self._seq
+        raw, body = body, self._clean(body)
+        got = {k: self._clean(v) for k, v in got.items()}
+        self._record("http", key, status=status, error=error, duration_s=round(duration, 6),
+                     request=None if json_body is None else json.loads(self._clean(json.dumps(json_body))),
+                     request_headers=sorted(headers or {}), headers=got,
+                     body=self._write_stream(seq, "body", body))
+        return HttpResult(method, url, status, raw if secret_response else body, error,
+                          round(duration, 6), seq, got)
+
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch, recorded (a clock used as a measurement)."""
+        if self.replay:
+            return self._next("clock", "now")["value"]
+        value = time.time()
+        self._record("clock", "now", value=value)
+        return value
+
+    def sleep(self, seconds: float) -> None:
+        """Waiting observes nothing, so replay skips it."""
+        if not self.replay:
+            time.sleep(seconds)
+
+    def free_port(self) -> int:
+        """A loopback port free now, chosen below the kernel's ephemeral range.
+
+        Why below: a port taken from the ephemeral range (bind to 0) is free only until some
+        process's next outgoing or bind-to-0 socket, and a running vLLM server opens many (its
+        ZMQ and NCCL sockets). On two H200s the second 06 server failed with "Address already
+        in use" on a port picked that way while the first server was up. The kernel never
+        hands out a port below ip_local_port_range on its own, so one chosen there stays free
+        until the server we start binds it.
+        """
+        if self.replay:
+            return self._next("port", "free")["value"]
+        port = _port_below_ephemeral_range()
+        self._record("port", "free", value=port)
+        return port
+
+    def port_listening(self, port: int) -> bool:
+        key = {"port": port}
+        if self.replay:
+            return self._next("listening", key)["value"]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            value = s.connect_ex(("127.0.0.1", port)) == 0
+        self._record("listening", key, value=value)
+        return value
+
+    def read_text(self, path: str | Path) -> str | None:
+        """A host file's text (or None when absent/unreadable), recorded."""
+        key = self.norm(str(path))
+        if self.replay:
+            e = self._next("read", key)
+            return None if e["body"] is None else self._read_stream(e["body"])
+        try:
+            # newline="": keep a carriage return (a progress bar's frame) as it is, so that a line
+            # number quoted from this text is the one `grep -n` and an editor show. Transcripts
+            # recorded before this hold the text with each one turned into a line break, and
+            # replay as recorded.
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                text = self._clean(f.read())
+        except OSError:
+            text = None
+        seq = self._seq
+        body = None if text is None else self._write_stream(seq, "read", text)
+        self._record("read", key, body=body)
+        return text
+
+    def listdir(self, path: str | Path) -> list[str] | None:
+        key = self.norm(str(path))
+        if self.replay:
+            return self._next("listdir", key)["value"]
+        try:
+            value = sorted(os.listdir(path))
+        except OSError:
+            value = None
+        self._record("listdir", key, value=value)
+        return value
+
+    def which(self, program: str) -> str | None:
+        if self.replay:
+            return self._next("which", program)["value"]
+        found = shutil.which(program)
+        value = self.norm(str(found)) if found else None
+        self._record("which", program, value=value)
+        return value
+
+
+# ---- plan mode ----------------------------------------------------------------------------------
+# What a plan still runs: checkers that read files and touch nothing else.
+PLAN_CHECKERS = ("kubernetes-validate", "shellcheck", "hadolint", "git", "sha256sum")
+
+
+def _is_plan_checker(argv: list[str]) -> bool:
+    return bool(argv) and Path(argv[0]).name in PLAN_CHECKERS
+
+
+# ---- replay -------------------------------------------------------------------------------------
+def _key_matches(recorded: Any, live: Any) -> bool:
+    """Does the transcript's key answer the key the code asks for now?
+
+    Equal keys match. Besides, in an argv (a list of strings) of the same length, a recorded
+    element that is exactly the redaction mask matches any live element: runs recorded before
+    redact_argv stopped over-masking (`--num-tokens [REDACTED]`, now `--num-tokens 128`) hold
+    the mask where the value was. The value was lost from the recording, so a masked position
+    cannot be checked; this is no weaker than what the recording proves, and live secrets are
+    masked the same way before comparing, so they match anyway. Every other element, and every
+    key that is not a list of strings, must be equal.
+    """
+    if recorded == live:
+        return True
+    if not (isinstance(recorded, list) and isinstance(live, list) and len(recorded) == len(live)):
+        return False
+    if not all(isinstance(x, str) for x in (*recorded, *live)):
+        return False
+    return all(r == lv or r == redaction.MASK for r, lv in zip(recorded, live))
+
+
+# ---- helpers that touch the world (record mode only) -------------------------------------------
+def _full_env(env: dict[str, str] | None) -> dict[str, str]:
+    full = dict(os.environ)
+    full.update(env or {})
+    return full
+
+
+def _execute(argv, timeout, cwd, env, input):
+    start = time.monotonic()
+    try:
+        running = sh.Command(argv[0])(
+            *argv[1:], _cwd=str(cwd) if cwd else None, _env=_full_env(env), _timeout=timeout,
+            _ok_code=ALL_EXIT_CODES, _in=input, _return_cmd=True, _tty_out=False,
+        )
+        rc, out, err, timed_out = running.exit_code, running.stdout, running.stderr, False
+    except sh.TimeoutException as exc:
+        rc, out, err, timed_out = 124, b"", f"timed out after {timeout} s: {exc}".encode(), True
+    except sh.CommandNotFound:
+        rc, out, err, timed_out = 127, b"", f"command not found: {argv[0]}".encode(), False
+    except sh.SignalException as exc:  # killed by a signal: keep what it printed
+        rc, out, err, timed_out = exc.exit_code, exc.stdout, exc.stderr, False
+    decode = lambda b: b.decode("utf-8", errors="replace") if isinstance(b, bytes) else (b or "")
+    return rc, decode(out), decode(err), time.monotonic() - start, timed_out
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the process group `pgid`, read from /proc."""
+    alive = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read().decode("utf-8", errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            alive.append(int(entry.name))
+    return alive
+
+
+def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list[int]]:
+    """TERM the process's group (its own session), then KILL it, until the leader AND every
+    process of its group are gone. Returns (exit code, whether KILL was sent, what is left).
+    Waiting for the leader alone left vLLM's processes behind on 2x H200: a rank's worker
+    (a grandchild) stuck in DeepEP's teardown barrier went on writing its log after the stage
+    was sealed."""
+    def gone() -> bool:
+        return not proc._running.process.is_alive()[0] and not _group_alive(proc.pid)
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if gone():
+                return True
+            time.sleep(0.1)
+        return gone()
+
+    killed = False
+    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, KILLED_EXIT_S)):
+        if gone():
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        killed = sig == signal.SIGKILL
+        if wait(grace):
+            break
+    return proc._running.process.exit_code, killed, _group_alive(proc.pid)
+
+
+def _http(method, url, timeout, json_body, extra_headers=None):
+    data = None
+    headers = dict(extra_headers or {})
+    if json_body is not None:
+        data = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, body, error = response.status, response.read().decode("utf-8", "replace"), None
+            got = dict(response.headers.items())
+    except urllib.error.HTTPError as exc:
+        status, body, error = exc.code, exc.read().decode("utf-8", "replace"), None
+        got = dict(exc.headers.items()) if exc.headers else {}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        status, body, error, got = None, "", f"{type(reason).__name__}: {reason}", {}
+    return status, body, error, time.monotonic() - start, got
+
+
+def read_transcript(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def redact_file(path: Path) -> bool:
+    """Rewrite a text file with secrets masked; returns whether anything changed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = redaction.redact(text)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8")
+        return True
+    return False
+
+
+def as_dict(obj) -> dict:
+    data = asdict(obj)
+    data.pop("_running", None)
+    return data
+
+
+
+def _port_below_ephemeral_range(range_file: str | Path = EPHEMERAL_RANGE_FILE,
+                                lowest: int = _LOWEST_PICKED_PORT) -> int:
+    """A port in [lowest, the ephemeral range's low bound) that binds on 127.0.0.1 now; an
+    ephemeral one (bind to 0) only when every port tried there is taken."""
+    try:
+        low = int(Path(range_file).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default low bound
+    candidates = list(range(lowest, max(low, lowest + 1)))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all tried were taken
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,248 @@
+"""A stage's context object: validated parameters, its run directory, its door, its gates.
+
+The first code cell of every notebook is ``stage = open_stage("NN_name", globals())``. It reads
+the names the stage declares from the notebook's namespace (the `parameters` cell and papermill's
+injected cell), validates them (ParameterError before any effect), then opens the run:
+
+- record: ``<results_dir>/<run_id>/`` (a new run_id when empty), run.json on creation, the
+  stage's params.json; refusing a stage already recorded in that run;
+- replay (``REPRO_REPLAY=<run dir>``): a private copy of the recorded run, so nothing is written
+  into it; the door answers from its transcript; `finish` checks that the re-computed gates equal
+  the recorded ones and that every recorded call was asked for.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from lib.core import evidence
+from lib.core.params import NO_LEGACY, Param
+from lib.core.door import REPO_ROOT, Door, redact_file
+from lib.core.errors import EvidenceError, ReplayMismatch
+from lib.core.evidence import Gate
+
+REPLAY_ENV = "REPRO_REPLAY"
+_shadows: dict[Path, Path] = {}
+# A replay works on a copy of the recorded run (the recording is never written), made under
+# tempfile's folder as SHADOW_PREFIX<pid>-<random>/. The copy is removed when the process exits
+# normally, but a Jupyter kernel that nbval or papermill stops never runs its exit hooks, so
+# each replayed notebook used to leave its copy behind (6.7 GB in /tmp after a few hundred
+# `make test` runs). The pid in the name lets the next replay remove copies whose process is gone.
+SHADOW_PREFIX = "repro-replay-"
+# The version of what a run's notebooks output, recorded in run.json. 1 (runs recorded before
+# it was recorded): the stages also glued values for the book that no page read (lib.core.glue
+# `glue_recorded`); their replays still show them. 2: not glued.
+OUTPUTS_VERSION = 2
+
+
+class Stage:
+    def __init__(self, name: str, params: dict[str, Any], run_dir: Path, door: Door,
+                 recorded_run: Path | None):
+        self.name = name
+        self.params = params
+        self.context = params["context"]
+        self.run_dir = run_dir
+        self.run_id = run_dir.name
+        self.dir = run_dir / name
+        self.door = door
+        self.replay = recorded_run is not None
+        self.recorded_run = recorded_run
+        self.gates: list[Gate] = []
+        self._resources: list = []  # cleanups (servers) run by finish, or at exit
+        self.outputs_version = OUTPUTS_VERSION
+        record = Path(recorded_run or "") / "run.json"
+        if recorded_run is not None and record.exists():  # what its notebooks output
+            run = evidence.read_json(record)
+            self.outputs_version = run.get("outputs_version", 1) if isinstance(run, dict) else 1
+
+    # ---- parameters --------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        return self.params[key]
+
+    # ---- artifacts ---------------------------------------------------------------------------
+    def path(self, *parts: str) -> Path:
+        return self.dir.joinpath(*parts)
+
+    def rel(self, path: Path) -> str:
+        """A path as evidence names it: relative to the run directory."""
+        return Path(path).resolve().relative_to(self.run_dir).as_posix()
+
+    def write_json(self, name: str, obj: Any) -> str:
+        """Write a stage artifact; in replay, verify it equals the recorded one instead."""
+        return self.write_text(name, evidence.dumps(obj))
+
+    def write_text(self, name: str, text: str) -> str:
+        path = self.path(name)
+        if self.replay and path.exists():
+            if path.read_text(encoding="utf-8") != text:
+                raise ReplayMismatch(f"replay: {self.rel(path)} re-computed differs from the "
+                                     "recorded file")
+            return self.rel(path)
+        evidence.write_new(path, text)
+        return self.rel(path)
+
+    def read_json(self, name: str) -> Any:
+        return evidence.read_json(self.path(name))
+
+    def upstream_gates(self, stage: str) -> list[dict] | None:
+        """Another stage's recorded gates in this run (None when it has not run)."""
+        return evidence.read_gates(self.run_dir / stage)
+
+    # ---- gates -------------------------------------------------------------------------------
+    def add(self, *gates: Gate | list[Gate] | dict) -> None:
+        for g in gates:
+            if isinstance(g, list):
+                self.add(*g)
+            elif isinstance(g, dict):
+                self.gates.append(Gate(**g))
+            else:
+                self.gates.append(g)
+
+    def on_exit(self, cleanup) -> None:
+        self._resources.append(cleanup)
+
+    def close_resources(self) -> None:
+        while self._resources:
+            self._resources.pop()()
+
+    def finish(self):
+        """Write gates.json (replay: compare), print the summary, return the gates table."""
+        import pandas as pd
+
+        self.close_resources()
+        rows = [g.as_dict() for g in self.gates]
+        if not rows:
+            raise EvidenceError(f"{self.name} recorded no gate: a stage must gate something")
+        if self.replay:
+            if self.door.remaining():
+                raise ReplayMismatch(
+                    f"replay: stage {self.name} asked for fewer calls than recorded "
+                    f"({self.door.remaining()} left unasked)")
+            recorded = evidence.read_gates(self.dir)
+            if recorded != json.loads(evidence.dumps(rows)):
+                raise ReplayMismatch(f"replay: the gates of {self.name} re-computed from the "
+                                     "transcript differ from the recorded gates.json")
+        else:
+            for path in self.dir.rglob("*"):
+                if path.is_file():
+                    redact_file(path)
+            evidence.write_json_new(self.dir / "gates.json", rows)
+        counts = evidence.summarize_gates(rows)
+        print(f"{self.name} done: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        table = pd.DataFrame(rows)[["gate", "status", "observed", "expected", "reason"]]
+        return table
+
+
+def resolve_path(text: str) -> Path:
+    path = Path(text)
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path
+    return path.resolve()
+
+
+def results_root(resolved: dict[str, Any]) -> Path:
+    root = Path(resolved["results_dir"])
+    return (root if root.is_absolute() else REPO_ROOT / root).resolve()
+
+
+def open_record(name: str, resolved: dict[str, Any],
+                write_run_json: Callable[[Path, dict[str, Any]], None], *,
+                plan: bool = False) -> Stage:
+    root = results_root(resolved)
+    run_id = resolved["run_id"] or new_run_id(root, resolved["context"])
+    run_dir = root / run_id
+    if (run_dir / name).exists():
+        raise EvidenceError(
+            f"stage {name} is already recorded in run {run_id} ({run_dir / name}); a run "
+            "directory is append-only: run with a new run_id (run_id='' makes one)")
+    resolved = {**resolved, "run_id": run_id}
+    if not (run_dir / "run.json").exists():  # the first stage of a run creates it
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_run_json(run_dir, resolved)
+    door = Door(run_dir, name, plan=plan)
+    stage = Stage(name, resolved, run_dir, door, None)
+    evidence.write_json_new(stage.dir / "params.json", resolved)
+    return stage
+
+
+def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
+                table: dict[str, Param]) -> Stage:
+    if not (recorded / "run.json").exists():
+        raise EvidenceError(f"{REPLAY_ENV}={recorded}: no run.json there, not a recorded run")
+    if not (recorded / name / "params.json").exists():
+        raise EvidenceError(f"{REPLAY_ENV}={recorded}: stage {name} is not recorded in that run")
+    shadow = _shadows.get(recorded)
+    if shadow is None:
+        remove_orphan_shadows()
+        shadow = Path(tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-")) / recorded.name
+        shutil.copytree(recorded, shadow)
+        _shadows[recorded] = shadow
+        atexit.register(shutil.rmtree, shadow.parent, True)
+    recorded_params = evidence.read_json(recorded / name / "params.json")
+    added_since = {}
+    for key, value in resolved.items():
+        if key in ("run_id",) and value in ("", recorded.name):
+            continue
+        if key == "results_dir":
+            continue
+        legacy = table[key].legacy
+        if key not in recorded_params and legacy is not NO_LEGACY:
+            # Added after this run was recorded, with a default that changed what runs do:
+            # the run did what the parameter's legacy value names.
+            added_since[key] = legacy
+            continue
+        if key not in recorded_params and (key == "engine" or value == table[
+                key].default(resolved["context"], resolved.get("engine") or "")):
+            # A parameter added to the stage after this run was recorded: the run used what the
+            # parameter's default now names (the engine: recorded_engine's 'transformers').
+            added_since[key] = value
+            continue
+        if recorded_params.get(key) != json.loads(json.dumps(value)):
+            raise ReplayMismatch(
+                f"replay: parameter {key!r} = {value!r} but the recorded run used "
+                f"{recorded_params.get(key)!r}")
+    door = Door(shadow, name, replay=True)
+    return Stage(name, {**added_since, **recorded_params}, shadow, door, recorded)
+
+
+def remove_orphan_shadows(folder: Path | None = None) -> list[Path]:
+    """Removes replay copies (SHADOW_PREFIX<pid>-*) whose process no longer exists; returns them.
+
+    A copy whose pid is alive is kept, even where the pid was reused by another process: it is
+    removed by a later sweep. Names without a pid (copies made before pids were recorded) are
+    left alone, since nothing tells whether their process still uses them.
+    """
+    removed = []
+    for copy in sorted(Path(folder or tempfile.gettempdir()).glob(f"{SHADOW_PREFIX}*-*")):
+        pid = copy.name[len(SHADOW_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _process_exists(int(pid)):
+            continue
+        shutil.rmtree(copy, ignore_errors=True)
+        removed.append(copy)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def new_run_id(root: Path, context: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = f"{context}-{stamp}"
+    candidate, n = base, 1
+    while (root / candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate

@@ -1,0 +1,257 @@
+"""DeepEP itself: its one build (docker/build_deepep.sh) and its own kernel test
+(``tests/elastic/test_ep.py``), the same code path on the cluster (EFA) and on a 2-GPU machine
+(intranode NVLink, GIN off).
+
+- ``build_deepep_argv``: the argv of docker/build_deepep.sh for a pin of pins.yaml.
+- ``test_ep_argv``: ``python <DeepEP>/tests/elastic/test_ep.py --num-processes N ...``, one
+  process per node; test_ep spawns the N per-GPU ranks itself (``torch.multiprocessing.spawn``).
+  Correctness checks stay ON: ``--skip-check`` is refused (the published gate 1 ran with
+  ``skip_check=True``, ANCHORS 1.3 and 4), and so is every flag test_ep.py does not define at the
+  pins read (``--iters`` is V's, never test_ep's).
+- ``test_ep_env``: test_ep's ``init_dist`` contract (``deep_ep/utils/envs.py`` at both pins):
+  ``WORLD_SIZE`` = number of NODES, ``RANK`` = node rank, ``MASTER_ADDR``, ``MASTER_PORT`` = the
+  rendezvous port; ranks are ``node_rank * num_processes + local_rank``. Plus lib.transport's
+  contract for the transport. (Under torchrun, ``WORLD_SIZE``/``RANK`` would be torchrun's
+  process counts: the reason R's wrapper rewrote them, ANCHORS 1.3 and 4.)
+Its gates (exit code, every rank's lines, dispatch+combine p50, the contract, the EFA provider on
+every rank) are lib.measure.testep's.
+
+What test_ep.py defines, read in deepseek-ai/DeepEP at b306af06afd412c88e51e71802951606e40b7358
+(pin ``deepep``) and dd758caf451848bd150e1046af3d0a73e5fff38d (pin ``deepep_intranode``):
+the same argparse flags at both (``TEST_EP_FLAGS``); no PASS marker (correctness is
+``assert torch.equal(...)`` unless ``--skip-check``); ``--do-pressure-test`` loops
+``range(int(1e9))`` seeds.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from lib.roots import pins as pins_mod
+from lib.core.door import REPO_ROOT
+from lib.core.errors import ParameterError
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, deepep_pythonpath, transport_env
+
+BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
+TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
+
+# argparse flags of tests/elastic/test_ep.py, "value" (takes one) or "switch" (store_true), read
+# at each pin (identical at both: add_argument lines 522-554 at b306af06, 568-600 at dd758ca).
+_FLAGS_B306 = {
+    "--num-processes": "value", "--num-sms": "value", "--num-qps": "value",
+    "--num-allocated-qps": "value", "--num-gpu-timeout-secs": "value",
+    "--num-cpu-timeout-secs": "value", "--sl-idx": "value",
+    "--num-tokens": "value", "--hidden": "value", "--num-topk": "value", "--num-experts": "value",
+    "--do-cpu-sync": "value", "--allow-hybrid-mode": "value",
+    "--allow-multiple-reduction": "value", "--prefer-overlap-with-compute": "value",
+    "--deterministic": "switch",
+    "--seed": "value", "--skip-check": "switch", "--skip-perf-test": "switch",
+    "--do-pressure-test": "switch", "--reuse-elastic-buffer": "switch",
+    "--test-first-only": "switch", "--unbalanced-ratio": "value",
+    "--precise-unbalanced-ratio": "switch", "--masked-ratio": "value",
+    "--dump-profile-traces": "value", "--ignore-local-traffic": "switch",
+}
+TEST_EP_FLAGS: dict[str, dict[str, str]] = {
+    "b306af06afd412c88e51e71802951606e40b7358": dict(_FLAGS_B306),
+    "dd758caf451848bd150e1046af3d0a73e5fff38d": dict(_FLAGS_B306),
+}
+
+# Flags test_ep.py has but this guide never passes, and why.
+REFUSED_FLAGS = {
+    "--skip-check": "correctness checks stay ON: test_ep prints no PASS marker, so its "
+                    "assert torch.equal(...) checks and the exit code are the only proof "
+                    "(the published gate 1 ran with skip_check=True)",
+    "--do-pressure-test": "it loops over range(int(1e9)) seeds and never ends",
+    "--skip-perf-test": "it prints no timing lines, so no dispatch+combine p50 is recorded",
+}
+# Set by test_ep_argv's own arguments; not accepted again in ``extra``.
+_SET_BY_BUILDER = ("--num-processes", "--num-tokens", "--hidden", "--num-topk", "--num-experts",
+                   "--test-first-only")
+
+# ---- the build ----------------------------------------------------------------------------------
+def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max_jobs: int,
+                      pin: str = "deepep_intranode", arch_list: str | None = None,
+                      python: str = "python3", patched_tree: str | None = None,
+                      skip_import: str | None = None, pins_data: dict | None = None) -> list[str]:
+    """argv of docker/build_deepep.sh for pins.yaml's ``pin`` (its commit) against the pinned
+    nvidia-nccl-cu13 / nvidia-nvshmem-cu13 in ``site``. ``arch_list`` defaults to pins.yaml's
+    TORCH_CUDA_ARCH_LIST build arg."""
+    data = pins_data if pins_data is not None else pins_mod.load()
+    entry = data["pins"].get(pin)
+    if not entry or entry.get("kind") != "git" or "deepseek-ai/DeepEP" not in entry.get("repo", ""):
+        deepeps = sorted(n for n, p in data["pins"].items()
+                         if p.get("kind") == "git" and "deepseek-ai/DeepEP" in p.get("repo", ""))
+        raise ParameterError("pin", pin, "a deepseek-ai/DeepEP git pin of pins.yaml: "
+                             + ", ".join(deepeps))
+    _positive_int("max_jobs", max_jobs)
+    for name, value in (("src", src), ("site", site), ("log", log), ("python", python)):
+        _nonempty(name, value)
+    argv = ["bash", str(BUILD_SCRIPT), "--src", str(src), "--sha", entry["commit"],
+            "--site", str(site), "--nccl-version", data["pins"]["nccl"]["version"],
+            "--nvshmem-version", data["pins"]["nvshmem"]["version"],
+            "--max-jobs", str(max_jobs), "--log", str(log),
+            "--arch-list", arch_list or str(data["build_args"]["TORCH_CUDA_ARCH_LIST"]),
+            "--python", python]
+    if patched_tree is not None:
+        if not pins_mod.FULL_SHA.match(str(patched_tree)):
+            raise ParameterError("patched_tree", patched_tree, "a full 40-hex tree SHA")
+        argv += ["--patched-tree", patched_tree]
+    if skip_import is not None:
+        argv += ["--skip-import", _nonempty("skip_import", skip_import)]
+    return argv
+
+
+# ---- the kernel test: argv and env --------------------------------------------------------------
+def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_tokens: int,
+                 hidden: int, num_topk: int, num_experts: int, test_first_only: bool = True,
+                 extra: Iterable[str] = (), deepep_commit: str | None = None) -> list[str]:
+    """``python <tests_dir>/test_ep.py --num-processes N --num-tokens T --hidden H --num-topk K
+    --num-experts E [--test-first-only] [extra...]``, run once per node.
+
+    ``tests_dir`` is the DeepEP checkout's ``tests/elastic``. ``extra`` flags must exist in
+    test_ep.py at ``deepep_commit`` (None: at every pin read, ``TEST_EP_FLAGS``); refused:
+    ``REFUSED_FLAGS`` (``--skip-check`` above all) and the flags this function sets itself.
+    """
+    flags = _flags_at(deepep_commit)
+    _nonempty("python", python)
+    _nonempty("tests_dir", tests_dir)
+    for name, value in (("num_processes", num_processes), ("num_tokens", num_tokens),
+                        ("hidden", hidden), ("num_topk", num_topk),
+                        ("num_experts", num_experts)):
+        _positive_int(name, value)
+    if num_topk > num_experts:
+        raise ParameterError("num_topk", num_topk, f"an integer in 1..num_experts={num_experts}")
+    if num_experts % num_processes:
+        raise ParameterError("num_experts", num_experts,
+                             f"a multiple of the ranks (num_processes={num_processes} per node)")
+    if not isinstance(test_first_only, bool):
+        raise ParameterError("test_first_only", test_first_only, "True or False")
+    extra = _check_extra(list(extra) if not isinstance(extra, str) else [extra], flags)
+    argv = [str(python), str(Path(tests_dir) / TEST_EP_SCRIPT),
+            "--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
+            "--hidden", str(hidden), "--num-topk", str(num_topk),
+            "--num-experts", str(num_experts)]
+    if test_first_only:
+        argv.append("--test-first-only")
+    argv += extra
+    assert "--skip-check" not in argv and not any(a.startswith("--skip-check=") for a in argv), \
+        "test_ep must run with its correctness checks"
+    return argv
+
+
+def _flags_at(deepep_commit: str | None) -> dict[str, str]:
+    if deepep_commit is None:
+        common = set.intersection(*(set(f) for f in TEST_EP_FLAGS.values()))
+        first = next(iter(TEST_EP_FLAGS.values()))
+        return {f: first[f] for f in common}
+    if deepep_commit not in TEST_EP_FLAGS:
+        raise ParameterError("deepep_commit", deepep_commit,
+                             "a DeepEP commit whose test_ep.py was read: "
+                             + ", ".join(TEST_EP_FLAGS))
+    return TEST_EP_FLAGS[deepep_commit]
+
+
+def _check_extra(extra: list[str], flags: Mapping[str, str]) -> list[str]:
+    out, i = [], 0
+    while i < len(extra):
+        token = str(extra[i])
+        if not token.startswith("--"):
+            raise ParameterError("extra", extra, f"test_ep.py flags; {token!r} is not a flag "
+                                 "(a value must follow the flag that takes it)")
+        flag, eq, value = token.partition("=")
+        if flag in REFUSED_FLAGS:
+            raise ParameterError("extra", extra, f"no {flag}: {REFUSED_FLAGS[flag]}")
+        if flag in _SET_BY_BUILDER:
+            raise ParameterError("extra", extra, f"no {flag}: test_ep_argv sets it from its own "
+                                 "argument")
+        if flag not in flags:
+            raise ParameterError("extra", extra, f"flags test_ep.py defines at the pin; {flag} "
+                                 "is not one of them (known: " + ", ".join(sorted(flags)) + ")")
+        if flags[flag] == "switch":
+            if eq:
+                raise ParameterError("extra", extra, f"{flag} takes no value")
+            out.append(flag)
+            i += 1
+            continue
+        if eq:
+            out += [flag, value]
+            i += 1
+            continue
+        if i + 1 >= len(extra) or str(extra[i + 1]).startswith("--"):
+            raise ParameterError("extra", extra, f"{flag} needs a value")
+        out += [flag, str(extra[i + 1])]
+        i += 2
+    return out
+
+
+def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int, transport: str,
+                nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH,
+                deepep_dir: str | Path | None = None, inherited_pythonpath: str | None = None
+                ) -> dict[str, str]:
+    """The environment of the one test_ep process on node ``node_rank`` of ``nodes``.
+
+    test_ep's ``init_dist``: ``WORLD_SIZE`` = nodes, ``RANK`` = node rank, ``MASTER_ADDR``,
+    ``MASTER_PORT`` = ``rdzv_port`` (the same on every node). Plus
+    ``lib.transport.transport_env(transport, nccl_site=...)`` ('efa' on the cluster,
+    'intranode_nvlink' on one machine: EP_DISABLE_GIN=1 and the NCCL preload), and, when
+    ``nccl_site`` is given, DeepEP's own NCCL root variables pointing into it
+    (``EP_NCCL_ROOT_DIR``, ``NCCL_DIR``: deep_ep checks at import that the loaded libnccl is the
+    one it finds there). ``NCCL_DEBUG=INFO`` with INIT,NET,ENV: NCCL's per-rank init lines and,
+    on EFA, the plugin's "Selected provider is efa" per process are the per-rank evidence.
+    The transport's variables that must be absent: ``lib.transport.unset_vars(transport)``.
+    ``deepep_dir``: a DeepEP built in place (a GPU machine, not the image, where deep_ep is
+    installed): PYTHONPATH = ``lib.transport.deepep_pythonpath(nccl_site, deepep_dir,
+    inherited_pythonpath)``; it needs ``nccl_site``.
+    """
+    _positive_int("nodes", nodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
+            or not 0 <= node_rank < nodes:
+        raise ParameterError("node_rank", node_rank,
+                             f"an integer in 0..{nodes - 1} (nodes={nodes})")
+    _nonempty("master_addr", master_addr)
+    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) \
+            or not 1 <= rdzv_port <= 65535:
+        raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
+    if transport not in TRANSPORTS:
+        raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
+    if transport == "intranode_nvlink" and not nccl_site:
+        raise ParameterError("nccl_site", nccl_site,
+                             "a site-packages folder holding nvidia-nccl-cu13 2.30.4: DeepEP built "
+                             "for it segfaults on torch's own NCCL unless it is preloaded")
+    if transport == "intranode_nvlink" and nodes != 1:
+        raise ParameterError("nodes", nodes, "1 on the intranode_nvlink transport (one machine's "
+                             "NVLink; across nodes the transport is efa)")
+    env = {
+        "WORLD_SIZE": str(nodes),
+        "RANK": str(node_rank),
+        "MASTER_ADDR": str(master_addr),
+        "MASTER_PORT": str(rdzv_port),
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
+    }
+    if nccl_site is not None:
+        root = str(Path(_nonempty("nccl_site", nccl_site)) / "nvidia" / "nccl")
+        env["EP_NCCL_ROOT_DIR"] = root
+        env["NCCL_DIR"] = root
+    env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
+    if deepep_dir is not None:  # refuses a missing nccl_site, naming it
+        env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
+    return env
+
+
+# Their names start with "test_": tell pytest they are not tests when a test module imports them.
+test_ep_argv.__test__ = False  # type: ignore[attr-defined]
+test_ep_env.__test__ = False  # type: ignore[attr-defined]
+
+
+# ---- argument checks ----------------------------------------------------------------------------
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParameterError(name, value, "an integer >= 1")
+    return value
+
+
+def _nonempty(name: str, value) -> str:
+    if value is None or not str(value).strip():
+        raise ParameterError(name, value, "a non-empty string")
+    return str(value)

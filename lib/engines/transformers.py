@@ -1,0 +1,404 @@
+"""The local server: the seeded MoE behind ``transformers serve``, started and stopped by the door.
+
+``local_server(stage, model_dir)`` is the one way a stage gets a server on the local context::
+
+    with local_server(stage, model_dir, timeout_s=stage["server_timeout_s"]) as server:
+        if server.ready:
+            ...  # requests to server.url
+
+It starts ``transformers serve MODEL_DIR --host 127.0.0.1 --port P --device cpu
+--continuous-batching --cb-num-blocks 128 --cb-max-batch-tokens 1024`` through ``door.start``
+(its own session, its log an artifact in the stage folder), pinned to the first allowed core when
+the machine has two or more (the client gets the others), with HF_HUB_OFFLINE=1 and HF_HOME in
+the repository's .cache. It waits for readiness under a deadline, polling ``GET /v1/models`` and
+the process (a crash ends the wait at once), and adds the gate ``server ready`` (a FAIL carries
+the tail of the server's log). On exit, normal or not, it stops the server by its PID (the whole
+process group: ``door.stop``) and adds the gate ``server stopped``: exited, no process of its
+group left, the port no longer listening. ``stage.on_exit`` holds a backstop that stops it too.
+
+Everything observed goes through the door, so a replay re-computes the same gates without
+starting anything.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from lib.core.door import REPO_ROOT, Background
+from lib.core.errors import DoorError
+from lib.core.evidence import Gate, gate, skip
+from lib.engines.devices import cuda_device_count
+
+HOST = "127.0.0.1"
+CB_NUM_BLOCKS = 128  # bound the continuous-batching cache: by default it sizes itself from RAM
+CB_MAX_BATCH_TOKENS = 1024
+HF_HOME = REPO_ROOT / ".cache" / "hf"
+POLL_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 5.0
+CHAT_TIMEOUT_S = 120.0
+PROGRESS_EVERY_S = 15.0
+LOG_TAIL_LINES = 25
+MODEL_BUILD_TIMEOUT_S = 900
+
+
+# ---- host facts ------------------------------------------------------------------------------
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,6,8-9' -> [0, 1, 2, 3, 6, 8, 9]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return sorted(set(cpus))
+
+
+def allowed_cpus(door) -> list[int]:
+    """The cores this process (hence its children) may run on, read through the door."""
+    status = door.read_text("/proc/self/status") or ""
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpu_list(line.split(":", 1)[1])
+    return []
+
+
+def cpu_split(cpus: list[int]) -> tuple[str | None, str | None]:
+    """(server cores, client cores) for taskset -c; (None, None) below two cores."""
+    if len(cpus) < 2:
+        return None, None
+    return str(cpus[0]), ",".join(str(c) for c in cpus[1:])
+
+
+def pinned(argv: list[str], cores: str | None) -> list[str]:
+    return ["taskset", "-c", cores, *argv] if cores else list(argv)
+
+
+# ---- engines and the model ---------------------------------------------------------------------
+def resolve_engine(stage) -> str:
+    """The engine this stage serves with: lib.stage.open_stage already turned '' into the
+    machine's pick ('vllm' with 2+ GPUs and vllm importable, else 'transformers') and refused an
+    explicit 'vllm' where it cannot run."""
+    return stage["engine"] or "transformers"
+
+
+def model_flavor(engine: str) -> str:
+    """lib.models' flavor per engine: the tiny CPU model, or the default model's layer shape."""
+    return "vllm" if engine == "vllm" else "tiny"
+
+
+def build_model(stage, engine: str = "transformers") -> tuple[dict[str, Any] | None, Gate]:
+    """`python -m lib.models build` through the door (recorded; a replay never builds).
+
+    Returns (its JSON with model_dir as a path on this machine, or None when it failed; the gate
+    `model built from its seed`)."""
+    name = "model built from its seed"
+    argv = [sys.executable, "-m", "lib.models", "build", "--seed", str(stage["seed"]),
+            "--layers", str(stage["model_layers"])]
+    if model_flavor(engine) != "tiny":
+        argv += ["--flavor", model_flavor(engine)]
+    call = stage.door.run(argv, cwd=REPO_ROOT, timeout=MODEL_BUILD_TIMEOUT_S, check=False)
+    streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
+               f"calls/{stage.name}/{call.seq:04d}.stderr"]
+    lines = call.stdout.strip().splitlines()
+    info = _json_or_none(lines[-1]) if call.ok and lines else None
+    if not isinstance(info, dict) or "model_dir" not in info:
+        tail = "\n".join((call.stderr or call.stdout).strip().splitlines()[-15:])
+        return None, gate(name, False, {"exit_code": call.rc, "timed_out": call.timed_out},
+                          {"exit_code": 0}, f"python -m lib.models build failed; its output "
+                          f"ends:\n{tail}", streams)
+    info["model_dir"] = stage.door.denorm(info["model_dir"])
+    info["evidence"] = streams[:1]
+    return info, gate(name, True,
+                      {"config_hash": info["config_hash"], "seed": info["seed"],
+                       "parameters": info["parameters"], "num_experts": info["num_experts"]},
+                      {"seed": stage["seed"]},
+                      f"{'built' if info['built'] else 'found in the cache'}: "
+                      f"{stage.door.norm(info['model_dir'])}", streams[:1])
+
+
+# ---- the server ---------------------------------------------------------------------------------
+def serve_argv(model_dir: str | Path, port: int, cores: str | None = None,
+               device: str = "cpu") -> list[str]:
+    """The one place transformers serve's flags are decided."""
+    transformers_cli = str(Path(sys.executable).parent / "transformers")
+    return pinned([
+        transformers_cli, "serve", str(model_dir), "--host", HOST, "--port", str(port),
+        "--device", device, "--continuous-batching", "--cb-num-blocks", str(CB_NUM_BLOCKS),
+        "--cb-max-batch-tokens", str(CB_MAX_BATCH_TOKENS),
+    ], cores)
+
+
+def serve_env() -> dict[str, str]:
+    return {"HF_HUB_OFFLINE": "1", "HF_HOME": str(HF_HOME), "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class Server:
+    model_dir: str
+    port: int
+    log_path: Path
+    proc: Background | None = None
+    ready: bool = False
+    ready_s: float | None = None
+    client_cores: str | None = None
+    server_cores: str | None = None
+    device: str = "cpu"
+    stopped: bool = False
+    gates: list[Gate] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+def log_tail(door, log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log, read through the door (so a replay sees the same text)."""
+    text = door.read_text(log_path)
+    if text is None:
+        return "(no log)"
+    text = text.replace("\r", "\n")
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept) or "(empty log)"
+
+
+def listed_models(body: str) -> list[str]:
+    try:
+        return [m.get("id") for m in json.loads(body).get("data") or []]
+    except (ValueError, AttributeError):
+        return []
+
+
+def wait_ready(stage, server: Server, timeout_s: float) -> Gate:
+    """Poll the process and GET /v1/models until it answers 200, it exits, or time is up.
+
+    Ready means the HTTP API answers. Whether it lists the model is a gate of its own: transformers
+    5.17 lists only the Hugging Face cache there, never the served path (seen on the H200s)."""
+    want = stage.door.norm(server.model_dir)
+    print(f"waiting up to {timeout_s:.0f} s for transformers serve at {server.url} "
+          f"(GET /v1/models answers 200; log {stage.rel(server.log_path)})", flush=True)
+    return poll_until_ready(
+        stage, server, timeout_s, path="/v1/models", who="the server", waiting_for="",
+        ready_note=lambda body: f" ({'listing' if want in listed_models(body) else 'not listing'}"
+                                " the model)")
+
+
+def poll_until_ready(stage, server: Server, timeout_s: float, *, path: str, who: str,
+                     waiting_for: str, ready_note=lambda body: "") -> Gate:
+    """The readiness loop every engine shares: the process's exit code, then GET `path`, until
+    200, an exit, or the deadline; a FAIL carries the log's tail. `who` names the process in
+    the messages ("the server", "vLLM"), `waiting_for` the progress lines (" for vLLM")."""
+    door, name = stage.door, "server ready"
+    evidence = [stage.rel(server.log_path)]
+    started = door.now()
+    next_note = PROGRESS_EVERY_S
+    while True:
+        rc = door.poll(server.proc)
+        elapsed = round(door.now() - started, 1)
+        if rc is not None:
+            return gate(name, False, {"exit_code": rc, "after_s": elapsed}, "listening",
+                        f"{who} exited with code {rc} after {elapsed} s; log tail:\n"
+                        + log_tail(door, server.log_path), evidence)
+        answer = door.http("GET", server.url + path, timeout=PROBE_TIMEOUT_S)
+        if answer.status == 200:
+            server.ready, server.ready_s = True, elapsed
+            print(f"{'server' if who == 'the server' else who} ready after {elapsed} s",
+                  flush=True)
+            return gate(name, True, {"ready_after_s": elapsed, "port": server.port},
+                        {"within_s": timeout_s}, f"GET {path} answered 200 after {elapsed} s"
+                        + ready_note(answer.body), evidence)
+        if elapsed >= timeout_s:
+            seen = answer.error or f"HTTP {answer.status}"
+            return gate(name, False, {"waited_s": elapsed, "last_probe": seen},
+                        {"within_s": timeout_s},
+                        f"not ready within {timeout_s:.0f} s (last probe: {seen}); log tail:\n"
+                        + log_tail(door, server.log_path), evidence)
+        if elapsed >= next_note:
+            print(f"  still waiting{waiting_for}: {elapsed:.0f} s of {timeout_s:.0f} s", flush=True)
+            next_note += PROGRESS_EVERY_S
+        door.sleep(POLL_INTERVAL_S)
+
+
+def process_ids(door, pid: int) -> list[int]:
+    """The server's PID and its children's (transformers serve forks none today)."""
+    children = door.read_text(f"/proc/{pid}/task/{pid}/children") or ""
+    return [pid] + [int(p) for p in children.split() if p.isdigit()]
+
+
+def pid_alive(door, pid: int) -> bool:
+    stat = door.read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    return bool(state) and state[0] not in ("Z", "X")
+
+
+def rss_bytes(door, pids: list[int]) -> int | None:
+    """Resident memory (VmRSS) summed over live pids, read from /proc through the door."""
+    total, seen = 0, False
+    for pid in pids:
+        status = door.read_text(f"/proc/{pid}/status") or ""
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+                seen = True
+    return total if seen else None
+
+
+def server_rss(door, server: Server) -> int | None:
+    if server.proc is None:
+        return None
+    return rss_bytes(door, process_ids(door, server.proc.pid))
+
+
+def stop_server(stage, server: Server) -> Gate | None:
+    """Stop by PID (TERM, then KILL, the whole group) and gate that nothing is left."""
+    if server.stopped or server.proc is None:
+        return None
+    door = stage.door
+    pids = process_ids(door, server.proc.pid)
+    rc = door.stop(server.proc)
+    server.stopped = True
+    exited = door.poll(server.proc)
+    alive = [p for p in pids if pid_alive(door, p)]
+    listening = door.port_listening(server.port)
+    # the whole process group, as the door saw it when its stop returned (workers are
+    # grandchildren of vLLM's leader); absent from runs recorded before the door reported it
+    group_left = server.proc.group_left
+    ok = exited is not None and not alive and not listening and not group_left
+    observed = {"exit_code": rc, "pids_alive": alive, "port_listening": listening}
+    if group_left is not None:
+        observed["group_left"] = group_left
+    print(f"server stopped (exit code {rc}); port {server.port} "
+          f"{'still listening' if listening else 'closed'}", flush=True)
+    return gate("server stopped", ok, observed,
+                {"pids_alive": [], "port_listening": False,
+                 **({"group_left": []} if group_left is not None else {})},
+                f"stopped by PID {server.proc.pid} (its process group); port {server.port} "
+                f"{'still listening' if listening else 'closed'}",
+                [stage.rel(server.log_path)])
+
+
+@contextmanager
+def local_server(stage, model_dir: str | Path, *, timeout_s: float | None = None,
+                 port: int | None = None, log_name: str = "server.log") -> Iterator[Server]:
+    """Serve model_dir for the duration of the block; gates `server ready` / `server stopped`.
+
+    Yields the Server even when it is not ready (server.ready False, its FAIL gate added), so the
+    caller gates what depends on it as SKIP with the reason. Never outlives the block.
+    """
+    door = stage.door
+    timeout_s = float(timeout_s or stage["server_timeout_s"])
+    server_cores, client_cores = cpu_split(allowed_cpus(door))
+    device = "cuda" if cuda_device_count(door) else "cpu"
+    port = port or door.free_port()
+    log_path = stage.path(log_name)
+    server = Server(str(model_dir), port, log_path, server_cores=server_cores,
+                    client_cores=client_cores, device=device)
+
+    def add(g: Gate | None) -> None:
+        if g is not None:
+            server.gates.append(g)
+            stage.add(g)
+
+    def backstop() -> None:
+        if not server.stopped and server.proc is not None:
+            add(stop_server(stage, server))
+
+    if not stage.replay:
+        # transformers 5.17 answers /v1/models with 500 unless the hub cache folder exists
+        (HF_HOME / "hub").mkdir(parents=True, exist_ok=True)
+    print(f"starting transformers serve {door.norm(str(model_dir))} on {HOST}:{port} ({device})"
+          f"{f' pinned to core {server_cores}' if server_cores else ''}", flush=True)
+    try:
+        server.proc = door.start(serve_argv(model_dir, port, server_cores, device), log_path=log_path,
+                                 env=serve_env())
+    except DoorError as exc:
+        add(gate("server ready", False, {"started": False}, "listening",
+                 f"could not start the server: {exc}", []))
+        yield server
+        return
+    stage.on_exit(backstop)
+    try:
+        add(wait_ready(stage, server, timeout_s))
+        yield server
+    finally:
+        add(stop_server(stage, server))
+
+
+# ---- what a ready server must answer -------------------------------------------------------------
+def models_gate(stage, server: Server) -> tuple[Gate, dict | None]:
+    answer = stage.door.http("GET", server.url + "/v1/models", timeout=PROBE_TIMEOUT_S)
+    ids = listed_models(answer.body)
+    want = stage.door.norm(server.model_dir)
+    body = _json_or_none(answer.body)
+    return gate("/v1/models lists the model", answer.status == 200 and want in ids,
+                {"status": answer.status, "models": ids}, {"status": 200, "model": want},
+                answer.error or "", []), body
+
+
+def read_model_config(stage, model_dir: str | Path) -> tuple[dict | None, str | None]:
+    """config.json through the door; saved as the stage artifact model_config.json."""
+    text = stage.door.read_text(Path(model_dir) / "config.json")
+    if text is None:
+        return None, None
+    saved = stage.write_text("model_config.json", text)
+    return _json_or_none(text), saved
+
+
+def moe_gate(config: dict | None, saved: str | None, model_dir: str) -> Gate:
+    name = "model config is a Mixture of Experts"
+    if config is None:
+        return gate(name, False, None, {"num_experts": ">1"},
+                    f"no readable config.json in {model_dir}", [])
+    experts = config.get("num_experts", config.get("num_local_experts"))
+    top_k = config.get("num_experts_per_tok")
+    ok = isinstance(experts, int) and experts > 1 and isinstance(top_k, int) and 0 < top_k < experts
+    return gate(name, ok, {"model_type": config.get("model_type"), "num_experts": experts,
+                           "num_experts_per_tok": top_k},
+                {"num_experts": ">1", "num_experts_per_tok": "1..num_experts-1"},
+                f"{config.get('architectures')}: top-{top_k} of {experts} experts", [saved])
+
+
+CHAT_PROMPT = "In one sentence: what does an expert-parallel all-to-all do?"
+
+
+def chat_gate(stage, server: Server, max_tokens: int = 16) -> tuple[Gate, dict]:
+    """A chat request must answer 200 with non-empty content and a usage block."""
+    request = {"model": server.model_dir, "max_tokens": max_tokens,
+               "messages": [{"role": "user", "content": CHAT_PROMPT}]}
+    answer = stage.door.http("POST", server.url + "/v1/chat/completions",
+                             timeout=CHAT_TIMEOUT_S, json_body=request)
+    body = _json_or_none(answer.body) or {}
+    choices = body.get("choices") or [{}]
+    content = ((choices[0] or {}).get("message") or {}).get("content") or ""
+    usage = body.get("usage") or None
+    has_usage = bool(usage) and (usage.get("completion_tokens") or 0) > 0
+    ok = answer.status == 200 and bool(content.strip()) and has_usage
+    problems = [p for p, bad in (
+        (f"HTTP {answer.status}" + (f" ({answer.error})" if answer.error else ""),
+         answer.status != 200),
+        ("empty content", not content.strip()),
+        ("no usage (or 0 completion tokens)", not has_usage)) if bad]
+    reason = ("answered 200 with content and usage" if ok else
+              "; ".join(problems) + f"; body: {answer.body[:300]}")
+    data = {"status": answer.status, "content": content, "usage": usage,
+            "duration_s": answer.duration_s, "body": body}
+    return gate("chat request answers with content and usage", ok,
+                {"status": answer.status, "content_chars": len(content), "usage": usage},
+                {"status": 200, "content": "non-empty", "usage": "completion_tokens > 0"},
+                reason, [f"calls/{stage.name}/{answer.seq:04d}.body"]), data
+
+
+def skip_gates(names: list[str], reason: str) -> list[Gate]:
+    return [skip(n, reason) for n in names]
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None

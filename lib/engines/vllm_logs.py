@@ -1,0 +1,648 @@
+"""Backend assertions from vLLM's real logs, shared by the local (2-GPU) and cluster paths.
+
+Pure functions: text in, gate dicts out ({gate, status, observed, expected, reason, evidence}).
+Evidence entries are ``<log_name>:<line number>: <the line>`` so a reader finds the line.
+
+What vLLM 0.24.0 logs, read from the real logs of two H200s
+(../shared/fixtures/vllm-0.24.0-2xh200/, TOOLCHAIN.md "vLLM 0.24.0 on two H200s"):
+
+- from global rank 0 only (``logger.info_once(..., scope="global")`` and friends): the manager,
+  "(Worker pid=..) INFO .. [cuda_communicator.py:185] Using AgRsAll2AllManager all2all manager.";
+  the EP split, "[EP Rank 0/2] Expert parallelism is enabled. ... Local/global number of
+  experts: 32/64. ..."; the prepare/finalize class, "[unquantized.py:312] Using
+  MoEPrepareAndFinalizeNaiveDPEPModular" or "Using DeepEPV2PrepareAndFinalize"; and
+  "rank 0 in world size 2 is assigned as DP rank 0, ... EP rank 0". On a cluster these lines are
+  in the leader's log only, and they say nothing about the other ranks: per-rank claims rest on
+  per-rank sources (``per_rank_nccl``, ``efa_provider_per_rank``).
+- once per API server: "(ApiServer_N pid=..) INFO:     Application startup complete." (uvicorn,
+  no timestamp); ``vllm serve`` with DP > 1 defaults api_server_count to DP ("Defaulting
+  api_server_count to data_parallel_size (2).").
+- in every process that validates the config (main and each API server): the fallback warning
+  "The 'naive' all2all backend has been removed. Falling back to 'allgather_reducescatter'."
+- no NCCL INFO lines at all: those runs did not set NCCL_DEBUG. The NCCL parsers below follow
+  the format NCCL itself prints (cited at each regex) and are tested on lines quoted from public
+  NCCL and aws-ofi-nccl output.
+
+Lines from several processes can interleave: "(ApiServer_0 pid=2958) (ApiServer_1 pid=2959)
+WARNING ..." followed by a line with no prefix. Every pattern is searched anywhere in a line,
+and counts are counts of occurrences, not of prefixes.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from datetime import datetime
+
+from lib.core.evidence import Gate, gate, skip
+
+# --- what each backend should construct (vLLM 0.24.0) -----------------------------------------
+# allgather_reducescatter and deepep_v2: seen in the real 0.24.0 logs above. The others: read in
+# vLLM's CudaCommunicator source (vllm/distributed/device_communicators/cuda_communicator.py, the
+# `if self.use_all2all:` dispatch, at a stored commit later than v0.24.0 whose branches for these
+# names are unchanged since the DeepEP HT/LL managers were introduced); the v0.24.0 tag itself
+# could not be fetched here, and no 0.24.0 log of them exists. They are marked so in `SOURCE`.
+MANAGER = {
+    "allgather_reducescatter": "AgRsAll2AllManager",
+    "deepep_v2": "DeepEPV2All2AllManager",
+    "deepep_high_throughput": "DeepEPHTAll2AllManager",
+    "deepep_low_latency": "DeepEPLLAll2AllManager",
+    "mori_high_throughput": "MoriAll2AllManager",
+    "mori_low_latency": "MoriAll2AllManager",
+    "nixl_ep": "NixlEPAll2AllManager",
+    "flashinfer_nvlink_two_sided": "FlashInferNVLinkTwoSidedManager",
+    "flashinfer_all2allv": "FlashInferNVLinkTwoSidedManager",
+    "flashinfer_nvlink_one_sided": "FlashInferNVLinkOneSidedManager",
+}
+PREPARE_FINALIZE = {
+    "allgather_reducescatter": "MoEPrepareAndFinalizeNaiveDPEPModular",
+    "deepep_v2": "DeepEPV2PrepareAndFinalize",
+    "deepep_high_throughput": "DeepEPHTPrepareAndFinalize",
+    "deepep_low_latency": "DeepEPLLPrepareAndFinalize",
+}
+SEEN_IN_0_24_LOGS = ("allgather_reducescatter", "deepep_v2")
+SOURCE = {b: ("seen in vLLM 0.24.0 logs on two H200s" if b in SEEN_IN_0_24_LOGS
+              else "from vLLM source, not seen in a 0.24.0 log") for b in MANAGER}
+# vLLM's ParallelConfig validator replaces these with allgather_reducescatter (vllm-naive.log).
+REMOVED = ("naive", "pplx")
+# vLLM 0.24.0's default --all2all-backend: the allgather log's "non-default args" has no
+# all2all_backend key, and AgRs was built.
+DEFAULT_BACKEND = "allgather_reducescatter"
+# Managers / prepare-finalize classes built on DeepEP's legacy deep_ep.Buffer.
+LEGACY_BUFFER_CLASSES = ("DeepEPHTAll2AllManager", "DeepEPLLAll2AllManager",
+                         "DeepEPHTPrepareAndFinalize", "DeepEPLLPrepareAndFinalize")
+RANK0_ONLY = ("logged by rank 0 only (global rank 0's worker; on a cluster, the leader's log); "
+              "says nothing about the other ranks")
+
+_MANAGER_RE = re.compile(r"Using (\w+) all2all manager\.")
+_FALLBACK_RE = re.compile(
+    r"The '(\w+)' all2all backend has been removed\. Falling back to '(\w+)'\.")
+_EP_RE = re.compile(r"\[EP Rank (\d+)/(\d+)\].*?Local/global number of experts: (\d+)/(\d+)")
+_PF_RE = re.compile(r"Using (\w*PrepareAndFinalize\w*)\s*$")
+_READY = "Application startup complete."
+_ARGS_BACKEND_RE = re.compile(r"non-default args: \{.*?'all2all_backend': '(\w+)'")
+_ARGS_RE = re.compile(r"non-default args: \{")
+_RANK0_RE = re.compile(r"\(\w+ pid=(\d+)\).*?rank 0 in world size (\d+) is assigned as DP rank 0")
+_PID_RE = re.compile(r"\((\w+) pid=(\d+)\)")
+_NCCL_VERSION_RE = re.compile(r"vLLM is using nccl==(\S+)")
+_API_STARTED_RE = re.compile(r"Started (\d+) API server processes")
+# vLLM's own log prefix: "INFO 11-30 09:41:41 [serve.py:119] ..." (month-day, no year).
+_TS_RE = re.compile(
+    r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
+
+_MAX_QUOTE = 240
+
+
+def _lines(text: str) -> list[str]:
+    """The log's lines as `grep -n` numbers them: broken at line feeds only. A carriage return
+    inside one (a progress bar's frames, CRLF banners) is dropped, which also keeps a worker's
+    "(Worker pid=N) " prefix on the frame printed after it."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.replace("\r", "") for line in lines]
+
+
+def _quote(log_name: str, lineno: int, line: str) -> str:
+    line = line.rstrip()
+    if len(line) > _MAX_QUOTE:
+        line = line[:_MAX_QUOTE] + " ..."
+    return f"{log_name}:{lineno}: {line}"
+
+
+def _find(lines: list[str], pattern: re.Pattern) -> list[tuple[int, str, re.Match]]:
+    out = []
+    for i, line in enumerate(lines, 1):
+        m = pattern.search(line)
+        if m:
+            out.append((i, line, m))
+    return out
+
+
+def _pid_of(line: str) -> str | None:
+    found = _PID_RE.findall(line)
+    return found[-1][1] if found else None
+
+
+def rank0_pid(log_text: str) -> str | None:
+    """pid of the worker vLLM assigns global rank 0 ("rank 0 in world size N is assigned ...")."""
+    for _, _, m in _find(_lines(log_text), _RANK0_RE):
+        return m.group(1)
+    return None
+
+
+def nccl_version(log_text: str) -> str | None:
+    """The NCCL vLLM's pynccl loaded ("vLLM is using nccl==2.30.4"), logged by rank 0 only."""
+    for _, _, m in _find(_lines(log_text), _NCCL_VERSION_RE):
+        return m.group(1)
+    return None
+
+
+def requested_in_log(log_text: str) -> str | None:
+    """The --all2all-backend vLLM received, from its "non-default args" line.
+
+    An absent key means the default (allgather_reducescatter); None when the line is missing.
+    """
+    lines = _lines(log_text)
+    for _, _, m in _find(lines, _ARGS_BACKEND_RE):
+        return m.group(1)
+    return DEFAULT_BACKEND if _find(lines, _ARGS_RE) else None
+
+
+def _gate_manager(lines, requested, log_name, r0pid) -> Gate:
+    name = "vllm_all2all_manager"
+    built = _find(lines, _MANAGER_RE)
+    classes = sorted({m.group(1) for _, _, m in built})
+    fallbacks = _find(lines, _FALLBACK_RE)
+    fb_evidence = [_quote(log_name, i, l) for i, l, _ in fallbacks]
+    built_evidence = [_quote(log_name, i, l) for i, l, _ in built]
+    as_passed = requested_in_log("\n".join(lines))
+    observed = {"constructed": classes, "requested_in_log": as_passed,
+                "fallback_warnings": len(fallbacks)}
+    if r0pid and built:
+        observed["logged_by_pid"] = sorted({_pid_of(l) for _, l, _ in built} - {None})
+        observed["rank0_pid"] = r0pid
+    if requested in REMOVED or fallbacks:
+        replaced = sorted({(m.group(1), m.group(2)) for _, _, m in fallbacks})
+        what = "; ".join(f"{a!r} was replaced by {b!r}" for a, b in replaced) or \
+            f"{requested!r} has no manager in vLLM 0.24.0"
+        return gate(name, False, observed, MANAGER.get(requested, f"{requested}: removed"),
+                    f"vLLM fell back instead of building the requested backend: {what} "
+                    f"(constructed: {', '.join(classes) or 'none found'}). A measurement of this "
+                    f"run is a measurement of the fallback, not of {requested!r}.",
+                    fb_evidence + built_evidence)
+    expected = MANAGER.get(requested)
+    if expected is None:
+        return gate(name, False, observed, f"the manager class of {requested!r}",
+                    f"unknown: no manager class known for backend {requested!r} in vLLM 0.24.0 "
+                    f"(known: {', '.join(sorted(MANAGER))})", built_evidence)
+    if not built:
+        return gate(name, False, observed, expected,
+                    f"no 'Using <X> all2all manager.' line; it is {RANK0_ONLY}. Is this the "
+                    "leader's log (or the local one), written with vLLM's INFO level?", [])
+    problems = []
+    if classes != [expected]:
+        problems.append(f"requested {requested!r} (manager {expected}) but vLLM built "
+                        f"{', '.join(classes)}")
+    if as_passed is not None and as_passed != requested:
+        problems.append(f"the log's non-default args show all2all_backend {as_passed!r}, not "
+                        f"{requested!r}: this log is not from a run that asked for {requested!r}")
+    if problems:
+        return gate(name, False, observed, expected, "; ".join(problems) + f" ({RANK0_ONLY})",
+                    built_evidence)
+    return gate(name, True, observed, expected,
+                f"vLLM built {expected}; {RANK0_ONLY}; mapping {requested} -> {expected} "
+                f"{SOURCE[requested]}", built_evidence)
+
+
+def _gate_ep_split(lines, dp_size, num_experts, log_name) -> Gate:
+    name = "vllm_ep_split"
+    found = _find(lines, _EP_RE)
+    evidence = [_quote(log_name, i, l) for i, l, _ in found]
+    if num_experts is not None:
+        expected = {"ep_size": dp_size, "global_experts": num_experts,
+                    "local_experts": num_experts // dp_size if dp_size else None}
+    else:
+        expected = {"ep_size": dp_size}
+    if not found:
+        return gate(name, False, None, expected,
+                    f"no '[EP Rank r/N] ... Local/global number of experts: a/b' line; it is "
+                    f"{RANK0_ONLY}", [])
+    splits = sorted({tuple(int(g) for g in m.groups()) for _, _, m in found})
+    rank, size, local, glob = splits[0]
+    observed = {"ep_rank": rank, "ep_size": size, "local_experts": local, "global_experts": glob}
+    problems = []
+    if len(splits) > 1:
+        problems.append(f"{len(splits)} different EP splits logged: {splits}")
+    if size != dp_size:
+        problems.append(f"EP size {size} != dp_size {dp_size} (TP1 x DP)")
+    if num_experts is not None and glob != num_experts:
+        problems.append(f"global experts {glob} != the model's {num_experts}")
+    if local * size != glob:
+        problems.append(f"local {local} x EP size {size} != global {glob}")
+    if num_experts is not None and num_experts % dp_size:
+        problems.append(f"{num_experts} experts do not divide over {dp_size} ranks")
+    if problems:
+        return gate(name, False, observed, expected, "; ".join(problems) + f" ({RANK0_ONLY})",
+                    evidence)
+    note = "" if num_experts is not None else "; the model's expert count was not given"
+    return gate(name, True, observed, expected,
+                f"{local}/{glob} experts on each of {size} EP ranks; {RANK0_ONLY}{note}", evidence)
+
+
+def _gate_prepare_finalize(lines, requested, log_name) -> Gate:
+    name = "vllm_prepare_finalize"
+    found = _find(lines, _PF_RE)
+    evidence = [_quote(log_name, i, l) for i, l, _ in found]
+    classes = sorted({m.group(1) for _, _, m in found})
+    expected = PREPARE_FINALIZE.get(requested)
+    if requested in REMOVED:
+        return gate(name, False, classes, f"{requested}: removed in vLLM 0.24.0",
+                    f"{requested!r} was replaced by vLLM; the prepare/finalize logged "
+                    f"({', '.join(classes) or 'none'}) is the fallback's", evidence)
+    if expected is None:
+        return gate(name, False, classes, f"the prepare/finalize class of {requested!r}",
+                    f"unknown: no prepare/finalize class known for {requested!r} "
+                    f"(known: {', '.join(sorted(PREPARE_FINALIZE))})", evidence)
+    if not found:
+        return gate(name, False, [], expected,
+                    f"no 'Using <X>PrepareAndFinalize<Y>' line; it is {RANK0_ONLY}", [])
+    ok = classes == [expected]
+    reason = f"{', '.join(classes)}; {RANK0_ONLY}"
+    if not ok:
+        reason = f"requested {requested!r} (expects {expected}) but logged {reason}"
+    return gate(name, ok, classes, expected, reason, evidence)
+
+
+def _gate_api_servers(lines, expected_servers, log_name) -> Gate:
+    name = "vllm_api_servers_ready"
+    found = [(i, l) for i, l in enumerate(lines, 1) for _ in range(l.count(_READY))]
+    started = _find(lines, _API_STARTED_RE)
+    evidence = [_quote(log_name, i, l) for i, l in found]
+    evidence += [_quote(log_name, i, l) for i, l, _ in started]
+    observed = {"startup_complete": len(found)}
+    if started:
+        observed["started_api_servers"] = int(started[-1][2].group(1))
+    ok = len(found) == expected_servers
+    reason = (f"{len(found)} 'Application startup complete.' lines, one per API server "
+              f"(expected {expected_servers})")
+    if not ok:
+        reason += "; an API server that never completed startup cannot serve its share of requests"
+    return gate(name, ok, observed, expected_servers, reason, evidence)
+
+
+def _gate_no_legacy(lines, requested, log_name) -> Gate:
+    name = "vllm_no_fallback_no_legacy_buffer"
+    fallbacks = _find(lines, _FALLBACK_RE)
+    legacy = [(i, l) for i, l in enumerate(lines, 1)
+              if any(re.search(rf"\b{c}\b", l) for c in LEGACY_BUFFER_CLASSES)]
+    evidence = ([_quote(log_name, i, l) for i, l, _ in fallbacks]
+                + [_quote(log_name, i, l) for i, l in legacy])
+    observed = {"fallback_warnings": len(fallbacks), "legacy_buffer_lines": len(legacy)}
+    expected = {"fallback_warnings": 0, "legacy_buffer_lines": 0}
+    if requested in ("deepep_high_throughput", "deepep_low_latency"):
+        return skip(name, f"{requested!r} is built on DeepEP's legacy deep_ep.Buffer by design; "
+                          "this gate guards the DeepEP V2 (ElasticBuffer) path", evidence)
+    problems = []
+    if fallbacks:
+        problems.append(f"{len(fallbacks)} fallback warning line(s): vLLM replaced the "
+                        "requested backend")
+    if legacy:
+        problems.append(f"{len(legacy)} line(s) name a legacy deep_ep.Buffer class "
+                        f"({', '.join(LEGACY_BUFFER_CLASSES)})")
+    scope = ("; the fallback warning is logged by every process, the manager and prepare/finalize "
+             "lines by rank 0 only")
+    if problems:
+        return gate(name, False, observed, expected, "; ".join(problems) + scope, evidence)
+    why = ("no fallback warning in any process, and no manager or prepare/finalize built on the "
+           "legacy deep_ep.Buffer")
+    if requested == "allgather_reducescatter":
+        why += " (allgather_reducescatter uses no DeepEP buffer at all)"
+    return gate(name, True, observed, expected, why + scope, [])
+
+
+def assert_backend(log_text: str, requested_backend: str, *, dp_size: int,
+                   num_experts: int | None, log_name: str,
+                   api_servers: int | None = None) -> list[dict]:
+    """Gates proving which all-to-all backend vLLM actually served, from one vLLM log.
+
+    ``log_text`` is the leader's log on a cluster (the lines checked here are logged by global
+    rank 0 only) or the one log of a local serve. ``api_servers`` defaults to ``dp_size``
+    (``vllm serve`` with DP > 1 defaults api_server_count to DP; pass the leader's own count on a
+    cluster where it differs).
+    """
+    lines = _lines(log_text)
+    r0pid = rank0_pid(log_text)
+    expected_servers = dp_size if api_servers is None else api_servers
+    return [
+        _gate_manager(lines, requested_backend, log_name, r0pid).as_dict(),
+        _gate_ep_split(lines, dp_size, num_experts, log_name).as_dict(),
+        _gate_prepare_finalize(lines, requested_backend, log_name).as_dict(),
+        _gate_api_servers(lines, expected_servers, log_name).as_dict(),
+        _gate_no_legacy(lines, requested_backend, log_name).as_dict(),
+    ]
+
+
+# --- NCCL: per-rank evidence --------------------------------------------------------------------
+# Line format, from NCCL's own source (NVIDIA/nccl v2.30.4-1, src/debug.cc): an optional
+# timestamp, then "%s:%d:%d " (hostname, pid, tid), then "[%d] NCCL INFO %s" (cudaDev, message).
+# The communicator lines (src/init.cc, v2.30.4-1):
+#   "%s comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init COMPLETE"
+#   "[Rank %d] %s comm %p rank %d nranks %d ... - Init START"
+# (%s = the init function, e.g. ncclCommInitRank / ncclCommInitRankConfig; a split comm prints
+# "parent %p childCount %d color %d key %d" instead of commId). Older NCCL printed
+# "comm 0x.. rank 15 nranks 16 cudaDev 7 busId e7000 - Init COMPLETE" (NVIDIA/nccl issue #629).
+# The plugin's provider line, from aws/aws-ofi-nccl v1.21.1 src/nccl_ofi_net.cpp:
+#   NCCL_OFI_INFO(..., "Selected provider is %s, fabric is %s (found %d nics)") with the prefix
+#   "NET/OFI " (include/nccl_ofi_log.h); v1.9.x printed "Selected Provider is %s (found %d nics)".
+_NCCL_PREFIX_RE = re.compile(r"([^\s:]+):(\d+):(\d+) \[(\d+)\] NCCL (?:INFO|WARN)")
+_NCCL_COMM_RE = re.compile(
+    r"NCCL INFO (?:\[Rank \d+\] )?(?:\w+ )?comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+)\b"
+    r".*?- ?Init (START|COMPLETE)", re.IGNORECASE)
+_PROVIDER_RE = re.compile(r"NET/OFI Selected [Pp]rovider is ([^\s,]+)")
+_EFA_RE = re.compile(r"Selected [Pp]rovider is efa\b")
+
+
+def nccl_comm_lines(log_text: str) -> list[dict]:
+    """Every NCCL communicator init line: host, pid, cuda_dev, comm, rank, nranks, state, line."""
+    out = []
+    for i, line in enumerate(_lines(log_text), 1):
+        m = _NCCL_COMM_RE.search(line)
+        if not m:
+            continue
+        p = _NCCL_PREFIX_RE.search(line)
+        out.append({
+            "line": i, "host": p.group(1) if p else None, "pid": int(p.group(2)) if p else None,
+            "cuda_dev": int(p.group(4)) if p else None, "comm": m.group(1),
+            "rank": int(m.group(2)), "nranks": int(m.group(3)), "state": m.group(4).upper(),
+        })
+    return out
+
+
+def per_rank_nccl(log_text: str, world: int, *, log_name: str = "log") -> dict:
+    """Gate: every rank 0..world-1 completed an NCCL communicator of size ``world``.
+
+    A per-rank source: NCCL prints each rank's own init line (NCCL_DEBUG=INFO, which
+    lib.vllm_args sets). ``log_text`` may be several logs joined (leader and workers).
+    """
+    name = "nccl_init_per_rank"
+    expected = list(range(world))
+    lines = _lines(log_text)
+    comms = [c for c in nccl_comm_lines(log_text) if c["nranks"] == world]
+    complete = sorted({c["rank"] for c in comms if c["state"] == "COMPLETE"})
+    started = sorted({c["rank"] for c in comms if c["state"] == "START"})
+    missing = [r for r in expected if r not in complete]
+    stuck = [r for r in started if r not in complete]
+    per_comm = Counter(c["comm"] for c in comms if c["state"] == "COMPLETE")
+    observed = {"ranks_complete": complete, "missing": missing,
+                "comm_lines_complete": sum(per_comm.values())}
+    evidence = [_quote(log_name, c["line"], lines[c["line"] - 1]) for c in comms
+                if c["state"] == "COMPLETE"][:64]
+    if not comms:
+        any_nccl = any("NCCL INFO" in l for l in lines)
+        why = ("NCCL INFO lines exist but none is a communicator init of size "
+               f"{world}" if any_nccl else
+               "no NCCL INFO lines at all: run with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS "
+               "including INIT (lib.vllm_args sets both)")
+        return gate(name, False, observed, expected, f"{why}; missing ranks: {missing}",
+                    []).as_dict()
+    if missing:
+        reason = f"rank(s) {', '.join(map(str, missing))} of {world} never completed NCCL init"
+        if stuck:
+            reason += f" (started but not completed: {', '.join(map(str, stuck))})"
+        return gate(name, False, observed, expected, reason, evidence).as_dict()
+    return gate(name, True, observed, expected,
+                f"all {world} ranks completed NCCL init ({sum(per_comm.values())} 'Init COMPLETE' "
+                f"lines over {len(per_comm)} communicator(s) of size {world}); NCCL prints this "
+                "per rank", evidence).as_dict()
+
+
+def efa_provider_per_rank(log_text: str, world: int | None = None, *,
+                          log_name: str = "log") -> dict:
+    """Gate: the aws-ofi-nccl plugin selected the EFA provider on every rank.
+
+    Matches ``Selected [Pp]rovider is efa`` and rejects any other provider (``tcp;ofi_rxm``, ...).
+    The provider line carries no rank, so each line is tied to a rank through the NCCL
+    communicator lines of the same host:pid (one vLLM/DeepEP process per GPU); without them the
+    count is per process. ``world`` None: only "no non-EFA provider and at least one EFA line".
+    """
+    name = "efa_provider_per_rank"
+    lines = _lines(log_text)
+    efa_procs: Counter = Counter()
+    efa_lines, other_lines, other_provs = [], [], set()
+    for i, line in enumerate(lines, 1):
+        m = _PROVIDER_RE.search(line)
+        if not m:
+            continue
+        p = _NCCL_PREFIX_RE.search(line)
+        proc = (p.group(1), int(p.group(2))) if p else ("?", i)
+        if _EFA_RE.search(line):
+            efa_procs[proc] += 1
+            efa_lines.append(_quote(log_name, i, line))
+        else:
+            other_lines.append(_quote(log_name, i, line))
+            other_provs.add(m.group(1))
+    proc_ranks: dict[tuple, set] = defaultdict(set)
+    for c in nccl_comm_lines(log_text):
+        if c["host"] is not None and (world is None or c["nranks"] == world):
+            proc_ranks[(c["host"], c["pid"])].add(c["rank"])
+    per_rank: Counter = Counter()
+    for proc, n in efa_procs.items():
+        for r in proc_ranks.get(proc, ()):
+            per_rank[r] += n
+    observed = {"efa_lines": len(efa_lines), "non_efa_lines": len(other_lines),
+                "efa_processes": len(efa_procs),
+                "per_rank": {str(r): per_rank[r] for r in sorted(per_rank)}}
+    evidence = (other_lines + efa_lines)[:64]
+    expected = {"non_efa_lines": 0,
+                "ranks_with_efa": list(range(world)) if world is not None else "at least one"}
+    if other_lines:
+        return gate(name, False, observed, expected,
+                    f"{len(other_lines)} provider line(s) selected "
+                    f"{', '.join(sorted(other_provs))}, not efa (traffic would not go over EFA)",
+                    evidence).as_dict()
+    if not efa_lines:
+        return gate(name, False, observed, expected,
+                    "no 'Selected provider is efa' line: NCCL_DEBUG=INFO with NET in "
+                    "NCCL_DEBUG_SUBSYS, and the aws-ofi-nccl plugin loaded?", []).as_dict()
+    if world is None:
+        return gate(name, True, observed, expected,
+                    f"{len(efa_lines)} EFA provider line(s) from {len(efa_procs)} process(es), "
+                    "no other provider", evidence).as_dict()
+    if proc_ranks:
+        missing = [r for r in range(world) if per_rank[r] == 0]
+        if missing:
+            return gate(name, False, observed, expected,
+                        f"no EFA provider line from rank(s) {', '.join(map(str, missing))} of "
+                        f"{world} (ranks tied to processes through their NCCL init lines)",
+                        evidence).as_dict()
+        return gate(name, True, observed, expected,
+                    f"EFA provider selected by every rank of {world} (tied to ranks through "
+                    "each process's NCCL init lines)", evidence).as_dict()
+    ok = len(efa_procs) >= world
+    return gate(name, ok, observed, expected,
+                f"{len(efa_procs)} process(es) selected EFA for a world of {world}; no NCCL "
+                "init lines tie them to ranks, so this counts processes, not named ranks",
+                evidence).as_dict()
+
+
+# --- startup time -------------------------------------------------------------------------------
+def startup_seconds(log_text: str) -> float | None:
+    """Seconds from vLLM's first timestamped log line to the last API server's startup.
+
+    vLLM prefixes its lines "INFO 11-30 09:41:41 [file.py:N]" (month-day, no year, whole
+    seconds); uvicorn's "Application startup complete." has no timestamp, so the time of the
+    last timestamped line before the last of those is used. This is a lower bound of the time to
+    ready: it leaves out the interpreter's start before vLLM's first line (TOOLCHAIN's "ready in
+    81-101 s" was measured from launch). None when the log has no timestamps or never got ready.
+    """
+    lines = _lines(log_text)
+    first = last_before_ready = None
+    current = None
+    for line in lines:
+        m = _TS_RE.search(line)
+        if m:
+            mo, d, hh, mm, ss = (int(g) for g in m.groups())
+            current = datetime(2000, mo, d, hh, mm, ss)  # 2000: a leap year, so 02-29 parses
+            if first is None:
+                first = current
+        if _READY in line and current is not None:
+            last_before_ready = current
+    if first is None or last_before_ready is None:
+        return None
+    if last_before_ready < first:  # the year turned over during startup (Dec 31 -> Jan 1)
+        last_before_ready = last_before_ready.replace(year=2001)
+    return (last_before_ready - first).total_seconds()
+
+
+# --- the serve's mode: eager or CUDA graphs, expert parallelism on or off ----------------------
+# vLLM 0.24.0, every process: "Enforce eager set, disabling torch.compile and CUDAGraphs. ..."
+# (../shared/fixtures/vllm-0.24.0-2xh200/vllm-allgather_reducescatter.log, line 16). Without
+# --enforce-eager each worker captures graphs and logs "Graph capturing finished in N secs, took
+# X GiB" (vllm/v1/worker/gpu_model_runner.py at 0.24.0; no recorded log holds it yet).
+_EAGER_RE = re.compile(r"Enforce eager set, disabling torch\.compile and CUDAGraphs")
+_GRAPHS_RE = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
+
+
+def compile_mode_gate(log_text: str, enforce_eager: bool, *, log_name: str = "log") -> dict:
+    """Gate: the serve ran in the mode asked for (eager, or CUDA graphs captured)."""
+    name = "vllm_compile_mode"
+    lines = _lines(log_text)
+    eager = _find(lines, _EAGER_RE)
+    graphs = _find(lines, _GRAPHS_RE)
+    observed = {"enforce_eager_lines": len(eager), "graph_capture_lines": len(graphs)}
+    if enforce_eager:
+        expected = {"enforce_eager_lines": ">= 1", "graph_capture_lines": 0}
+        ok = bool(eager) and not graphs
+        why = ("eager, as asked: vLLM logged 'Enforce eager set' and captured no CUDA graph"
+               if ok else "asked for eager, but " + ("graphs were captured" if graphs else
+                                                     "no 'Enforce eager set' line"))
+        return gate(name, ok, observed, expected, why,
+                    [_quote(log_name, i, l) for i, l, _ in (eager + graphs)[:4]]).as_dict()
+    expected = {"enforce_eager_lines": 0, "graph_capture_lines": ">= 1"}
+    ok = bool(graphs) and not eager
+    seconds = [int(m.group(1)) for _, _, m in graphs]
+    why = (f"CUDA graphs, as asked: {len(graphs)} 'Graph capturing finished' line(s) "
+           f"({', '.join(f'{s} s' for s in seconds)})" if ok else
+           "asked for CUDA graphs, but " + ("vLLM logged 'Enforce eager set'" if eager else
+                                           "no 'Graph capturing finished' line"))
+    return gate(name, ok, observed, expected, why,
+                [_quote(log_name, i, l) for i, l, _ in (graphs + eager)[:4]]).as_dict()
+
+
+# vLLM 0.24.0 (model_executor/layers/fused_moe/all2all_utils.py), once per worker process when
+# DP > 1 and --enable-expert-parallel is not given: the MoE layers are then tensor-parallel
+# across the DP ranks (FusedMoEParallelConfig flattens TP over DP: each rank holds a 1/DP slice
+# of every expert) and tokens are gathered and reduce-scattered around each of them.
+DP_WITHOUT_EP_LINE = "Detected DP deployment with no --enable-expert-parallel."
+DP_WITHOUT_EP_MANAGER = MANAGER["allgather_reducescatter"]
+
+
+def expert_parallel_off_gate(log_text: str, *, dp_size: int, log_name: str = "log") -> dict:
+    """Gate for a serve WITHOUT --enable-expert-parallel, as vLLM 0.24.0 logs it (recorded on
+    2x H200, results/gpu-2xh200-vllm-20261130d/06_multicomm/vllm-eager-noep.log): no EP split;
+    with DP > 1, the fallback line and the AllGather+ReduceScatter manager and no other (every
+    expert on every rank, sharded by tensor parallelism, not split by expert); with DP = 1, no
+    manager at all."""
+    name = "vllm_expert_parallel_off"
+    lines = _lines(log_text)
+    ep = _find(lines, _EP_RE)
+    built = _find(lines, _MANAGER_RE)
+    managers = sorted({m.group(1) for _, _, m in built})
+    fallback = [(i, l) for i, l in enumerate(lines, 1) if DP_WITHOUT_EP_LINE in l]
+    want_managers = [DP_WITHOUT_EP_MANAGER] if dp_size > 1 else []
+    want_fallback = ">= 1" if dp_size > 1 else 0
+    observed = {"ep_split_lines": len(ep), "all2all_managers": managers,
+                "dp_fallback_lines": len(fallback)}
+    ok = (not ep and managers == want_managers
+          and (bool(fallback) if dp_size > 1 else not fallback))
+    evidence = ([_quote(log_name, i, l) for i, l, _ in ep[:2]]
+                + [_quote(log_name, i, l) for i, l, _ in built[:2]]
+                + [_quote(log_name, i, l) for i, l in fallback[:1]])
+    if ok:
+        reason = ("no EP split; vLLM's DP fallback logged (MoE tensor-parallel across the "
+                  f"{dp_size} DP ranks, tokens moved by {DP_WITHOUT_EP_MANAGER}: "
+                  f"AllGather+ReduceScatter, not an expert all-to-all); {RANK0_ONLY} for the "
+                  "fallback line" if dp_size > 1 else "no EP split and no all-to-all manager")
+    elif ep:
+        reason = "expert parallelism was not asked for, yet vLLM logged an EP split"
+    elif managers != want_managers:
+        reason = (f"all-to-all manager(s) {managers or 'none'} logged; without EP vLLM "
+                  f"builds {want_managers or 'none'} at DP={dp_size}")
+    else:
+        reason = (f"the DP fallback line ({DP_WITHOUT_EP_LINE!r}) is missing at DP={dp_size}"
+                  if dp_size > 1 else "a DP fallback line at DP=1")
+    return gate(name, ok, observed,
+                {"ep_split_lines": 0, "all2all_managers": want_managers,
+                 "dp_fallback_lines": want_fallback}, reason, evidence).as_dict()
+
+
+def api_servers_gate(log_text: str, expected_servers: int, *, log_name: str = "log") -> dict:
+    """Gate: one "Application startup complete." per API server (vllm serve runs DP of them)."""
+    return _gate_api_servers(_lines(log_text), expected_servers, log_name).as_dict()
+
+
+# What a vLLM 0.24.0 server logs when it dies serving, earliest first in its log: a device-side
+# assert prints its kernel's assertion line on every thread that failed it, then the worker's
+# AcceleratorError, then the engine's "EngineCore encountered a fatal error" (recorded on 2x H200:
+# results/gpu-2xh200-deepep-vllm-20261130d/06_multicomm/vllm-graphs-ep-1.log, line 687 on as grep counts).
+_FATAL_RE = re.compile(r"Assertion .* failed|CUDA error: |AcceleratorError|"
+                       r"encountered a fatal error|died unexpectedly")
+
+
+def first_fatal_line(log_text: str, *, after_line: int = 0,
+                     log_name: str = "log") -> str | None:
+    """The log's first line, after `after_line`, that says why vLLM died, quoted
+    ("log:line: text"), or None when it says nothing of the kind."""
+    for lineno, line, _ in _find(_lines(log_text), _FATAL_RE):
+        if lineno > after_line:
+            return _quote(log_name, lineno, line)
+    return None
+
+
+# What vLLM 0.24.0's engine core dumps when it dies: the step it was running (dump_input.py),
+# "(EngineCore_DP1 pid=N) ERROR ... Dumping scheduler output for model execution:
+# SchedulerOutput(scheduled_new_reqs=[NewRequestData(..., prompt_token_ids_len=134, ...)], ...,
+# total_num_scheduled_tokens=135, ...)", then "Dumping scheduler stats: SchedulerStats(
+# num_running_reqs=2, num_waiting_reqs=0, ...)". Recorded on 2x H200 in the log named above.
+_STEP_RE = re.compile(r"\((EngineCore\w*) pid=\d+\).*Dumping scheduler output for model execution")
+_STEP_TOKENS_RE = re.compile(r"total_num_scheduled_tokens=(\d+)")
+_NEW_PROMPT_RE = re.compile(r"NewRequestData\(req_id=[^,]*,prompt_token_ids_len=(\d+)")
+_STATS_RE = re.compile(r"Dumping scheduler stats: SchedulerStats\(num_running_reqs=(\d+), "
+                       r"num_waiting_reqs=(\d+)")
+
+
+def crashed_step(log_text: str, *, log_name: str = "log") -> dict | None:
+    """The step vLLM's engine core was running when it died, from its own dump: which engine
+    core (which DP rank), how many tokens were scheduled, the prompt lengths of the requests new
+    in that step, and how many requests were running and waiting; None when the log holds no
+    dump (a server that did not die, or one that died before serving). A device-side assert is
+    reported at the next synchronisation, so the faulting kernel may belong to the step before
+    (vLLM schedules asynchronously): the dump says where it was, not what caused it."""
+    lines = _lines(log_text)
+    found = _find(lines, _STEP_RE)
+    if not found:
+        return None
+    lineno, line, m = found[0]
+    tokens = _STEP_TOKENS_RE.search(line)
+    step = {"engine_core": m.group(1),
+            "scheduled_tokens": int(tokens.group(1)) if tokens else None,
+            "new_prompt_tokens": [int(n) for n in _NEW_PROMPT_RE.findall(line)],
+            "running": None, "waiting": None, "quote": _quote(log_name, lineno, line)}
+    for _, stats, s in _find(lines[lineno:], _STATS_RE):
+        if _pid_of(stats) == _pid_of(line):
+            step["running"], step["waiting"] = int(s.group(1)), int(s.group(2))
+            break
+    return step
+
+
+def describe_step(step: dict) -> str:
+    """One clause for a gate's reason: "EngineCore_DP1 was running a step of 135 scheduled tokens
+    (new prompts of 134 tokens; 2 running, 0 waiting)"."""
+    new = step["new_prompt_tokens"]
+    parts = [f"new prompts of {', '.join(map(str, new))} tokens" if new else "no new prompt"]
+    if step["running"] is not None:
+        parts.append(f"{step['running']} running, {step['waiting']} waiting")
+    tokens = step["scheduled_tokens"]
+    return (f"{step['engine_core']} was running a step of "
+            f"{'?' if tokens is None else tokens} scheduled token{'' if tokens == 1 else 's'} "
+            f"({'; '.join(parts)})")

@@ -1,0 +1,212 @@
+"""The local vLLM server: one machine, 2+ GPUs, TP1 x DP = EP, started and stopped by the door.
+
+``vllm_server(stage, model_dir, gpus=2, backend=..., num_experts=64, nccl_site=SITE)`` is the
+engine='vllm' counterpart of ``lib.serve.local_server``::
+
+    with vllm_server(stage, model_dir, gpus=2, backend="deepep_v2", num_experts=64,
+                     nccl_site=site) as server:
+        if server.ready and server.backend_ok:
+            ...  # requests to server.url (model name: the model_dir, as vLLM lists it)
+
+argv and env come only from ``lib.vllm_args.vllm_serve(role='local', dp_size=gpus,
+dp_size_local=gpus, transport='intranode_nvlink', ...)``: this module adds no flag of its own
+(the model is served under its path, so lib.serve's models_gate and chat_gate work unchanged).
+A bad request (a removed backend such as 'naive', experts that do not divide over the GPUs) is a
+ParameterError before anything starts.
+
+The process starts through ``door.start`` (its own session; its whole output is the artifact
+``<stage>/vllm.log``). Readiness: ``GET /health`` answers 200 within ``timeout_s``, the process
+polled each round (a crash ends the wait at once, its log tail in the FAIL). Then the backend
+gates of ``lib.vllm_logs.assert_backend`` on the log read through ``door.read_text`` (a replay
+reads the recorded log): the manager vLLM actually built, the EP split, the prepare/finalize
+class, one "Application startup complete." per API server, no fallback / legacy buffer. When
+the server never got ready they are SKIP with that reason. On exit, normal or not, it is stopped
+by PID (its process group) with the gate ``server stopped`` (lib.serve.stop_server: exited, no
+process left, port closed); ``stage.on_exit`` holds a backstop.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from lib.engines import vllm_logs
+from lib.core.errors import DoorError
+from lib.core.evidence import Gate, gate, skip
+from lib.core.errors import ParameterError
+from lib.engines.transformers import (POLL_INTERVAL_S, Server, poll_until_ready,
+                       stop_server)
+from lib.engines.vllm_args import vllm_serve
+
+LOG_NAME = "vllm.log"
+# The interpreter that runs vLLM's CLI module (a test points it at a double of vLLM).
+PYTHON = sys.executable
+# Each server takes this share of each GPU's memory: small enough that the A/B arms of
+# 06_multicomm can be served side by side (3 x 0.25), ample for the seeded model's KV cache.
+GPU_MEMORY_UTILIZATION = 0.25
+MAX_MODEL_LEN = 2048
+TRANSPORT = "intranode_nvlink"  # one machine: NVLink, GIN off (lib.transport)
+READY_PATH = "/health"  # vLLM 0.24.0's route (its log lists "Route: /health, Methods: GET")
+STARTUP_LINE = "Application startup complete."
+BACKEND_GATES = ("vllm_all2all_manager", "vllm_ep_split", "vllm_prepare_finalize",
+                 "vllm_api_servers_ready", "vllm_no_fallback_no_legacy_buffer")
+EP_OFF_GATES = ("vllm_expert_parallel_off", "vllm_api_servers_ready")
+
+
+@dataclass
+class VllmServer(Server):
+    backend: str = ""
+    gpus: int = 0
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    startup_s: float | None = None  # lib.vllm_logs.startup_seconds: first log line to ready
+    backend_gates: list[dict] = field(default_factory=list)
+
+    @property
+    def backend_ok(self) -> bool:
+        """Every backend gate passed: only then is a measurement one of `backend`."""
+        return bool(self.backend_gates) and all(g["status"] == "PASS"
+                                                for g in self.backend_gates)
+
+
+def mode_gates_of(text: str, *, backend: str, gpus: int, num_experts: int | None,
+                  expert_parallel: bool, enforce_eager: bool, log_name: str) -> list[dict]:
+    """What vLLM's log proves about the serve asked for: the all-to-all backend and EP split (or
+    their absence without EP), every API server, and eager vs CUDA graphs."""
+    if expert_parallel:
+        gates = vllm_logs.assert_backend(text, backend, dp_size=gpus, num_experts=num_experts,
+                                         log_name=log_name)
+    else:
+        gates = [vllm_logs.expert_parallel_off_gate(text, dp_size=gpus, log_name=log_name),
+                 vllm_logs.api_servers_gate(text, gpus, log_name=log_name)]
+    return gates + [vllm_logs.compile_mode_gate(text, enforce_eager, log_name=log_name)]
+
+
+def _startup_lines(text: str | None) -> int:
+    return (text or "").count(STARTUP_LINE)
+
+
+def wait_ready(stage, server: VllmServer, timeout_s: float) -> Gate:
+    """Poll the process and GET /health until it answers 200, the process exits, or time is up."""
+    print(f"waiting up to {timeout_s:.0f} s for vLLM (DP={server.gpus}, all2all backend "
+          f"{server.backend}) at {server.url} (GET {READY_PATH} answers 200; log "
+          f"{stage.rel(server.log_path)})", flush=True)
+    return poll_until_ready(stage, server, timeout_s, path=READY_PATH, who="vLLM",
+                            waiting_for=" for vLLM")
+
+
+def read_settled_log(stage, server: VllmServer, started: float, timeout_s: float) -> str:
+    """The log once every API server logged its startup (one per GPU: vLLM defaults
+    api_server_count to DP), or as it is when the deadline comes. /health can answer from
+    ApiServer_0 a moment before ApiServer_1 writes its line."""
+    door = stage.door
+    while True:
+        text = door.read_text(server.log_path) or ""
+        if _startup_lines(text) >= server.gpus or door.now() - started >= timeout_s:
+            return text
+        door.sleep(POLL_INTERVAL_S)
+
+
+@contextmanager
+def vllm_server(stage, model_dir: str | Path, *, gpus: int,
+                backend: str = "allgather_reducescatter", num_experts: int | None,
+                enforce_eager: bool = True, timeout_s: float | None = None,
+                port: int | None = None, python: str | None = None,
+                nccl_site: str | Path | None = None, max_model_len: int | None = MAX_MODEL_LEN,
+                gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+                ep_num_comms: int = 1,
+                expert_parallel: bool = True, gate_prefix: str = "",
+                log_name: str = LOG_NAME,
+                deepep_dir: str | Path | None = None) -> Iterator[VllmServer]:
+    """Serve model_dir with vLLM on this machine's `gpus` GPUs for the duration of the block.
+
+    Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (with
+    ``expert_parallel=False`` instead: no EP split, and at DP > 1 vLLM's
+    AllGather+ReduceScatter fallback and no other manager) and the
+    compile-mode gate (eager or CUDA graphs, as asked), all SKIP when not ready; NCCL's per-rank
+    init (a per-rank source beside the rank-0-only lines); `server stopped`. ``gate_prefix``
+    names the gates of one server among several ("graphs+EP: server ready"). Yields the server
+    even when it is not ready (server.ready False). ``nccl_site``: the site-packages holding NCCL
+    2.30.4 (the intranode transport preloads it for DeepEP); ``deepep_dir``: DeepEP built in
+    place here, put on the server's PYTHONPATH with the site (``lib.transport.deepep_pythonpath``).
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 2:
+        raise ParameterError("gpus", gpus, "an integer >= 2 (expert parallelism over this "
+                                           "machine's GPUs; one GPU has nothing to exchange)")
+    door = stage.door
+    timeout_s = float(timeout_s or stage["server_timeout_s"])
+    port = port or door.free_port()
+    # The one builder; refuses bad requests (removed backends, experts % gpus) before any start.
+    argv, env = vllm_serve("local", model=str(model_dir), backend=backend, dp_size=gpus,
+                           dp_size_local=gpus, port=port, enforce_eager=enforce_eager,
+                           max_model_len=max_model_len,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           ep_num_comms=ep_num_comms, transport=TRANSPORT, nccl_site=nccl_site,
+                           num_experts=num_experts, python=python or PYTHON,
+                           expert_parallel=expert_parallel, deepep_dir=deepep_dir,
+                           inherited_pythonpath=os.environ.get("PYTHONPATH"))
+    log_path = stage.path(log_name)
+    server = VllmServer(str(model_dir), port, log_path, device="cuda", backend=backend,
+                        gpus=gpus, argv=argv, env=env)
+
+    def add(g: Gate | dict | None) -> None:
+        if g is not None:
+            g = g if isinstance(g, Gate) else Gate(**g)
+            if gate_prefix:
+                g = replace(g, gate=f"{gate_prefix}: {g.gate}")
+            server.gates.append(g)
+            stage.add(g)
+
+    mode_gates = ((BACKEND_GATES if expert_parallel else EP_OFF_GATES)
+                  + ("vllm_compile_mode", "nccl_init_per_rank"))
+
+    def skip_backend(reason: str) -> None:
+        for name in mode_gates:
+            add(skip(name, reason))
+
+    def backstop() -> None:
+        if not server.stopped and server.proc is not None:
+            add(stop_server(stage, server))
+
+    print(f"starting vLLM {door.norm(str(model_dir))} on port {port}: DP={gpus} x TP1 = EP"
+          f"{gpus}, all2all backend {backend}", flush=True)
+    started = door.now()
+    try:
+        server.proc = door.start(argv, log_path=log_path, env=env)
+        if server.proc.env is not None:  # as recorded: {repo} for this checkout, secrets masked
+            server.env = server.proc.env
+    except DoorError as exc:
+        add(gate("server ready", False, {"started": False}, "listening",
+                 f"could not start vLLM: {exc}", []))
+        skip_backend("vLLM could not be started (see the gate 'server ready')")
+        yield server
+        return
+    stage.on_exit(backstop)
+    try:
+        add(wait_ready(stage, server, timeout_s))
+        if server.ready:
+            text = read_settled_log(stage, server, started, timeout_s)
+            server.startup_s = vllm_logs.startup_seconds(text)
+            server.backend_gates = mode_gates_of(text, backend=backend, gpus=gpus,
+                                                 num_experts=num_experts,
+                                                 expert_parallel=expert_parallel,
+                                                 enforce_eager=enforce_eager,
+                                                 log_name=stage.rel(log_path))
+            for g in server.backend_gates:
+                add(g)
+            add(vllm_logs.per_rank_nccl(text, gpus, log_name=stage.rel(log_path)))
+            failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
+            asked = (f"backend {backend}" if expert_parallel else "no expert parallelism")
+            print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "
+                  f"{'eager' if enforce_eager else 'CUDA graphs'}: "
+                  + (f"NOT as requested ({', '.join(failed)})" if failed
+                     else "as requested (all gates PASS)"), flush=True)
+        else:
+            skip_backend("vLLM never became ready (see the gate 'server ready' and its log "
+                         "tail): no backend to assert")
+        yield server
+    finally:
+        add(stop_server(stage, server))

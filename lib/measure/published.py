@@ -1,0 +1,151 @@
+"""Published reference figures and a comparison of a run against them.
+
+The figures are those of the public 2x p5en reproduction (ANCHORS.md section 3, "Every number in
+RESULTS.md"), as published, at their published precision (``decimals``). Note that RESULTS.md
+rounds the hand-written summary JSONs' already-rounded values, so a figure can sit one unit of
+its last digit away from a single rounding of the raw export (474.49 ms -> 474.5 -> 475;
+9.9467 tok/s -> 9.95 -> 10.0).
+
+Figure names are ``test_ep <phase> p50`` for the microbenchmark and
+``vllm <arm> c<concurrency> <metric>`` for serving cells, where ``<metric>`` is a column of the
+AIPerf summary schema (``lib.measure.aiperf.SUMMARY_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import pandas as pd
+
+SOURCE = "antonai-work/deepep-v2-efa-repro RESULTS.md"
+HARDWARE = "2x p5en.48xlarge (16x H200), EP16 across 2 nodes over EFA"
+TOLERANCE = 0.10  # the anchors' stated run-to-run variance is ~10%
+REFERENCE_COLUMNS = ("figure", "value", "unit", "decimals", "hardware", "date", "source")
+SERVING_METRICS = {
+    "output_tps": ("tokens/s", 1),
+    "output_tps_per_user": ("tokens/s/user", 1),
+    "ttft_p50_ms": ("ms", 0),
+    "itl_p50_ms": ("ms", 0),
+}
+_CONCURRENCIES = (4, 8, 32)
+# ANCHORS.md section 3, per arm and metric, at concurrency 4 / 8 / 32.
+_SERVING = {
+    "epnc1": {"output_tps": (19.5, 38.8, 144.6), "output_tps_per_user": (4.9, 4.9, 4.7),
+              "ttft_p50_ms": (475, 510, 899), "itl_p50_ms": (203, 203, 206)},
+    "epnc8": {"output_tps": (39.4, 76.5, 273.0), "output_tps_per_user": (10.0, 9.7, 8.9),
+              "ttft_p50_ms": (196, 237, 280), "itl_p50_ms": (100, 103, 106)},
+}
+_MICROBENCH = (("test_ep dispatch p50", 185.4), ("test_ep combine p50", 258.2),
+               ("test_ep D+C p50", 443.6))
+# The published test_ep ran at 128 tokens per rank (ANCHORS.md section 1, the torchrun wrapper's
+# namespace: num_tokens=128 hidden=7168 num_topk=8 num_experts=256).
+MICROBENCH_TOKENS = 128
+# lib.stages.kernel names each DeepEP test_ep gate "test_ep <tokens> tokens: <gate>".
+_TEST_EP_DC_GATE = "test_ep {tokens} tokens: dispatch+combine p50 recorded"
+
+
+def serving_figure_name(arm: str, concurrency: int, metric: str) -> str:
+    return f"vllm {arm} c{int(concurrency)} {metric}"
+
+
+def reference_figures() -> pd.DataFrame:
+    """The published figures: figure, value, unit, decimals, hardware, date, source."""
+    rows = [{"figure": name, "value": value, "unit": "us", "decimals": 1, "hardware": HARDWARE,
+             "date": "2026-07-06", "source": SOURCE} for name, value in _MICROBENCH]
+    for arm, metrics in _SERVING.items():
+        for metric, values in metrics.items():
+            unit, decimals = SERVING_METRICS[metric]
+            for concurrency, value in zip(_CONCURRENCIES, values):
+                rows.append({"figure": serving_figure_name(arm, concurrency, metric),
+                             "value": float(value), "unit": unit, "decimals": decimals,
+                             "hardware": HARDWARE, "date": "2026-07-07", "source": SOURCE})
+    return pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
+
+
+def figures_from_summary(summary: pd.DataFrame, engine: str = "vllm") -> dict[str, float]:
+    """Run figures named like the reference table, from a ``lib.measure.aiperf.read_exports`` table.
+
+    Repeats of one cell are reduced to their median.
+    """
+    missing = [c for c in ("arm", "concurrency") if c not in summary]
+    if missing:
+        raise ValueError(f"figures_from_summary needs a read_exports table; missing {missing}")
+    figures: dict[str, float] = {}
+    for (arm, concurrency), cell in summary.groupby(["arm", "concurrency"]):
+        for metric in SERVING_METRICS:
+            values = pd.to_numeric(cell.get(metric), errors="coerce").dropna()
+            if len(values):
+                name = serving_figure_name(arm, concurrency, metric).replace("vllm", engine, 1)
+                figures[name] = float(values.median())
+    return figures
+
+
+def figures_from_microbench(phases_us: Mapping[str, Any], dc_p50_us: float | None) -> dict:
+    """Run figures from a test_ep result in the published shape (``lib.testep``)."""
+    figures = {f"test_ep {phase} p50": float(stats["p50"]) for phase, stats in phases_us.items()
+               if phase in ("dispatch", "combine")}
+    if dc_p50_us is not None:
+        figures["test_ep D+C p50"] = float(dc_p50_us)
+    return figures
+
+
+def figures_from_test_ep_gates(gates: list[Mapping[str, Any]],
+                               tokens: int = MICROBENCH_TOKENS) -> dict[str, float]:
+    """DeepEP's own test_ep figures at the published token count, from 03's gates (their
+    observed dispatch, combine and D+C p50 of the first case); {} when that gate did not PASS
+    or is absent (a run without DeepEP)."""
+    name = _TEST_EP_DC_GATE.format(tokens=tokens)
+    for g in gates:
+        observed = g.get("observed") or {}
+        if g.get("gate") == name and g.get("status") == "PASS" \
+                and observed.get("num_tokens") == tokens:
+            return {"test_ep dispatch p50": float(observed["dispatch_p50_us"]),
+                    "test_ep combine p50": float(observed["combine_p50_us"]),
+                    "test_ep D+C p50": float(observed["dc_p50_us"])}
+    return {}
+
+
+def _as_mapping(run_figures: pd.DataFrame | Mapping[str, float]) -> dict[str, float]:
+    if isinstance(run_figures, pd.DataFrame):
+        if not {"figure", "value"} <= set(run_figures.columns):
+            raise ValueError("run_figures DataFrame needs columns 'figure' and 'value' "
+                             f"(has {list(run_figures.columns)})")
+        return dict(zip(run_figures["figure"], run_figures["value"]))
+    return dict(run_figures)
+
+
+def _measured(value: Any) -> bool:
+    return value is not None and value is not pd.NA and not (
+        isinstance(value, float) and math.isnan(value))
+
+
+def compare(run_figures: pd.DataFrame | Mapping[str, float],
+            reference: pd.DataFrame | None = None, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Each reference figure beside the run's value: ratio = run / reference and a flag.
+
+    flag is 'within ±10%' (per ``tolerance``), 'outside ±10%', or 'not measured' when the run
+    lacks the figure; ``outside_tolerance`` is the same as a nullable boolean (NA when not
+    measured). Run figures that the reference does not have are left out.
+    """
+    reference = reference_figures() if reference is None else reference
+    measured = _as_mapping(run_figures)
+    band = f"±{tolerance * 100:g}%"
+    rows = []
+    for ref in reference.itertuples(index=False):
+        value = measured.get(ref.figure)
+        row = {"figure": ref.figure, "reference": ref.value, "unit": ref.unit,
+               "run": float(value) if _measured(value) else math.nan}
+        if not _measured(value):
+            row.update(ratio=math.nan, outside_tolerance=pd.NA, flag="not measured")
+        else:
+            ratio = float(value) / ref.value
+            outside = abs(ratio - 1) > tolerance
+            row.update(ratio=ratio, outside_tolerance=outside,
+                       flag=f"outside {band}" if outside else f"within {band}")
+        row.update(hardware=ref.hardware, date=ref.date, source=ref.source)
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=["figure", "reference", "unit", "run", "ratio",
+                                        "outside_tolerance", "flag", "hardware", "date", "source"])
+    table["outside_tolerance"] = table["outside_tolerance"].astype("boolean")
+    return table

@@ -1,0 +1,40 @@
+"""Where a stage's processes run: `for_stage(stage)` picks the place from its context.
+
+    local  this machine (lib.places.local)
+    plan   what kube or slurm would run, recorded, nothing run (lib.places.plan)
+    kube   a Kubernetes cluster through kubectl (lib.places.kube)
+    slurm  a Slurm cluster through sbatch/srun (lib.places.slurm)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, RankJob,  # noqa: F401
+                             ServeSpec, Unsupported)
+from lib.places.kube import KubePlace
+from lib.places.local import LocalPlace
+from lib.places.plan import PlanPlace
+from lib.places.slurm import SlurmPlace
+
+PLACES: dict[str, type[Place]] = {"local": LocalPlace, "plan": PlanPlace, "kube": KubePlace,
+                                  "slurm": SlurmPlace}
+
+
+def place_class(context: str) -> type[Place]:
+    return PLACES[context]
+
+
+def for_stage(stage) -> Place:
+    """The stage's place, made once per stage."""
+    place = getattr(stage, "_place", None)
+    if place is None:
+        place = stage._place = PLACES[stage.params["context"]](stage)
+    return place
+
+
+def engine_default(resolved: dict[str, Any]) -> str:
+    return PLACES[resolved["context"]].engine_default(resolved)
+
+
+def check_engine(resolved: dict[str, Any]) -> None:
+    PLACES[resolved["context"]].check_engine(resolved)

@@ -1,0 +1,151 @@
+"""What a stage asks of the place it runs on: the one protocol every place answers.
+
+The flow is notebook -> stage -> place -> door -> world. A stage never asks which context it is
+in; it asks its place (lib.places.for_stage). A place that cannot do something raises
+Unsupported, whose message is the one SKIP reason the stage records.
+
+The protocol (every place subclasses Place; what it leaves unimplemented is Unsupported):
+
+    gpus()                      -> GPUs per node the stage's processes see
+    host_facts()                -> per-node facts (CPU, memory, GPUs, EFA, gdrdrv, hugepages)
+    node_needs()                -> what 00's gates require of a node here (NodeNeeds)
+    run_ranks(job)              -> each node's exit code and whole output (torchrun, test_ep)
+    model(engine, announce)     -> the model to serve and the gate of how it was had
+    serve(spec)                 -> a context manager yielding a Server (url, ready, logs, stop)
+    run_job(argv, env, timeout) -> one process beside the server (AIPerf, a probe)
+
+`engine_default(resolved)` and `check_engine(resolved)` are asked before a stage opens (no door
+yet): the engine a stage serves with when its `engine` parameter is '' comes from the place.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class Unsupported(Exception):
+    """This place cannot do what the stage asked; str(exc) is the stage's SKIP reason."""
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """Where one node's process of a multi-node job stands: its rank, how many nodes, and the
+    rendezvous every node reaches (node 0's address and port)."""
+    rank: int
+    nodes: int
+    master_addr: str
+    port: int
+
+
+@dataclass
+class RankJob:
+    """One process per node, each spawning its ranks (torchrun, or test_ep's own spawner).
+    `argv` and `env` are asked per node; `env` holds only what is set over the place's own."""
+    name: str
+    argv: Callable[[NodeRank], list[str]]
+    env: Callable[[NodeRank], dict[str, str]]
+    timeout_s: float
+    nodes: int = 1
+    cwd: Path | None = None
+
+
+@dataclass
+class NodeRun:
+    """What one node's process of a RankJob did: its exit code (None when it never ran), its
+    whole output, and the evidence files that hold it."""
+    rank: int
+    rc: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    streams: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeNeeds:
+    """What 00's gates require of each node here. None: not required on this place; the text
+    beside it is the SKIP reason when the node lacks it."""
+    gpus: int | None
+    efa: int | None
+    gdrdrv: bool
+    hugepages: bool
+    no_gpus: str = ""
+    no_efa: str = ""
+    no_gdrdrv: str = ""
+    no_hugepages: str = ""
+    no_cluster_access: str = ""  # {kubectl}: the kubectl client's version, or 'absent'
+
+
+@dataclass
+class ServeSpec:
+    """What a stage asks to have served; the place decides how (a process, a StatefulSet, an
+    allocation's steps). vLLM's argv and env always come from lib.engines.vllm_args."""
+    engine: str
+    model: dict[str, Any]
+    backend: str = "allgather_reducescatter"
+    enforce_eager: bool = True
+    expert_parallel: bool = True
+    num_comms: int = 1
+    timeout_s: float = 1800.0
+    gate_prefix: str = ""
+    log_name: str | None = None
+    gpus: int | None = None  # GPUs per node, when the stage asked already (else the place asks)
+
+
+class Place:
+    """A place's defaults: every capability Unsupported, named for the person reading the SKIP."""
+
+    kind = "?"
+    what = "this place"
+    # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
+    gin = True
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.door = stage.door
+
+    # ---- asked before a stage opens -----------------------------------------------------------
+    @classmethod
+    def engine_default(cls, resolved: dict[str, Any]) -> str:
+        """The engine a stage serves with when `engine` is ''. Cluster places serve with vLLM."""
+        return "vllm"
+
+    @classmethod
+    def check_engine(cls, resolved: dict[str, Any]) -> None:
+        """Refuse an engine this place cannot serve with (ParameterError), before any effect."""
+
+    # ---- capabilities -------------------------------------------------------------------------
+    def _cannot(self, what: str) -> Unsupported:
+        return Unsupported(f"{self.what} does not {what}")
+
+    def gpus(self) -> int:
+        raise self._cannot("know its GPUs")
+
+    def host_facts(self) -> list[dict[str, Any]]:
+        raise self._cannot("probe its nodes")
+
+    def node_needs(self) -> NodeNeeds:
+        raise self._cannot("probe its nodes")
+
+    def run_ranks(self, job: RankJob) -> list[NodeRun]:
+        raise self._cannot(f"run {job.name} on its nodes")
+
+    def model(self, engine: str, announce: bool = False):
+        """(the model to serve, or None when it could not be had; the gate of how it was had).
+        `announce`: say what is being done first."""
+        raise self._cannot("serve a model")
+
+    def serve(self, spec: ServeSpec) -> AbstractContextManager:
+        raise self._cannot("serve a model")
+
+    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
+        raise self._cannot("run a job beside a server")
+
+    def build_image(self, *, dockerfile: Path, context: Path, tag: str, repo: Path) -> dict:
+        raise self._cannot("build or check the image")
+
+    def server_rss(self, server) -> int | None:
+        """Resident memory of a server's processes, where the place can read it (else None)."""
+        return None

@@ -1,0 +1,1 @@
+"""From evidence only: report tables, the book, the notebook writer."""

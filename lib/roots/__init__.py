@@ -1,0 +1,1 @@
+"""Pins and their verification at their public sources."""

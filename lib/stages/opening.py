@@ -1,0 +1,92 @@
+"""Opening a stage: the first code cell of every notebook is
+``stage = open_stage("NN_name", globals())``.
+
+It reads the parameters the stage declares (lib.stages.registry) from the notebook's namespace
+(the `parameters` cell and papermill's injected cell), validates them (ParameterError before any
+effect), settles the engine ('' : the place's pick, lib.places), then opens the run through
+lib.core.stage: record (a new or named run under results_dir, run.json on creation), plan (the
+same, its door in plan mode: nothing run against a cluster or a server) or replay
+(``REPRO_REPLAY=<run dir>``: a private copy of the recorded run, the door answering from its
+transcript).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from lib import places
+from lib.core import evidence
+from lib.core.door import Door, REPO_ROOT
+from lib.core.errors import ParameterError
+from lib.core.stage import (OUTPUTS_VERSION, REPLAY_ENV, Stage, open_record, open_replay,
+                            resolve_path)
+from lib.stages import registry
+
+
+def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
+    declared = registry.STAGE_PARAMS.get(name)
+    if declared is None:
+        raise ParameterError("stage", name, "one of " + ", ".join(registry.STAGES))
+    given = {k: namespace[k] for k in declared if k in namespace}
+    resolved = registry.resolve(name, given)  # raises before any effect
+    replay_of = os.environ.get(REPLAY_ENV)
+    if not replay_of:  # a replay's recorded run already proves what its machine could do
+        places.check_engine(resolved)
+    if "engine" in resolved and not resolved["engine"]:
+        # '' : the place's pick; the engine then decides the defaults (registry "local:vllm")
+        engine = (recorded_engine(resolve_path(replay_of), name) if replay_of
+                  else places.engine_default(resolved))
+        resolved = registry.resolve(name, {**given, "engine": engine})
+    if replay_of:
+        stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS)
+    else:
+        stage = open_record(name, resolved, write_run_json,
+                            plan=resolved["context"] == "plan"
+                            and registry.SPECS[name].uses_place)
+    atexit.register(stage.close_resources)
+    print(f"{name} · context {stage.context} · run {stage.run_id}")
+    return stage
+
+
+def recorded_engine(recorded: Path, name: str) -> str:
+    """The engine a recorded stage resolved ('' picks by place; a replay takes the recorded
+    machine's pick). Runs recorded before the vLLM engine existed served with transformers."""
+    try:
+        recorded_params = evidence.read_json(recorded / name / "params.json")
+    except (OSError, ValueError):
+        return "transformers"
+    return recorded_params.get("engine") or "transformers"
+
+
+def write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
+    """run.json, written by the first stage of a run: what ran, where, with which guide."""
+    door = Door(run_dir, "_run")
+    sha = door.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, timeout=30, check=False)
+    dirty = door.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                     timeout=30, check=False)
+    from lib.engines import site_patches  # late: they read files, only when a run is created
+    from lib.roots import pins
+
+    record = {
+        "run_id": run_dir.name,
+        "created_utc": datetime.fromtimestamp(door.now(), timezone.utc).isoformat(),
+        "context": resolved["context"],
+        "seed": resolved["seed"],
+        "parameters": resolved,
+        "guide": {"git_sha": sha.stdout.strip() if sha.ok else None,
+                  "dirty": bool(dirty.stdout.strip()) if dirty.ok else None},
+        "pins_digest": pins.digest(),
+        # patched sites on this process's path (scripts/vllm-site.sh patches vLLM's): which
+        # patched code the run's servers import, each file checked against its recorded sha256
+        "site_patches": site_patches.applied_on(os.environ.get("PYTHONPATH")),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "replay_with": f"{REPLAY_ENV}=results/{run_dir.name}",
+        "outputs_version": OUTPUTS_VERSION,
+    }
+    evidence.write_json_new(run_dir / "run.json", record)

@@ -1,0 +1,190 @@
+"""lib/'s layers, read from the syntax trees (a grep would pass a renamed import):
+
+- every import of lib.* runs down the layers (core < roots < engines < measure < places < stages
+  < publish < runner), never up, and no module imports itself back through others (no cycle),
+  function-level imports included;
+- no stage module reads its context: a stage asks its place (lib.places), so the context's name
+  appears in no comparison, attribute or key of lib/stages' modules (the parameter table and
+  the opener, which read it to pick the place, are not stages);
+- the aliases recorded runs need are the ones lib/ALIASES.md lists, each a thin module.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib.core.door import REPO_ROOT
+
+LIB = REPO_ROOT / "lib"
+LAYERS = ("core", "roots", "engines", "measure", "places", "stages", "publish", "runner")
+# Modules outside the subpackages, and the layer each belongs to.
+PLACED = {
+    "lib.bench": "measure",  # the torch benchmark: a program torchrun runs, named in recorded argv
+    "lib.runner": "runner",
+    "lib": "core",
+}
+# Thin modules kept for recorded runs (lib/ALIASES.md): they may import what they stand for.
+ALIASES = {"lib.stage": "lib.stages.opening", "lib.models": "lib.engines.models"}
+CONTEXT_NAMES = {"local", "plan", "kube", "slurm"}
+NOT_STAGES = {"registry.py", "opening.py", "ab.py", "__init__.py"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str | None:
+    if module in ALIASES:
+        return None
+    for prefix, layer in sorted(PLACED.items(), key=lambda kv: -len(kv[0])):
+        if module == prefix or module.startswith(prefix + "."):
+            if prefix == "lib" and module != "lib":
+                break
+            return layer
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def lib_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of lib.* in the file, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("lib")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lib"):
+            for alias in node.names:  # `from lib.x import y`: y may be a module of lib.x
+                candidate = f"{node.module}.{alias.name}"
+                found.append((node.lineno, candidate if _is_module(candidate) else node.module))
+    return found
+
+
+def _is_module(name: str) -> bool:
+    base = REPO_ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(LIB.rglob("*.py"))}
+
+
+def layer_violations() -> list[str]:
+    problems = []
+    for name, path in modules().items():
+        mine = layer_of(name)
+        for line, target in lib_imports(path):
+            if name in ALIASES:
+                if not target.startswith(ALIASES[name]):
+                    problems.append(f"{name}:{line} (an alias of {ALIASES[name]}) imports {target}")
+                continue
+            theirs = layer_of(target)
+            if target in ALIASES:
+                problems.append(f"{name}:{line} imports the alias {target}; import "
+                                f"{ALIASES[target]}")
+            elif mine is None or theirs is None:
+                problems.append(f"{name}:{line} -> {target}: a module outside the layers "
+                                f"({', '.join(LAYERS)})")
+            elif LAYERS.index(theirs) > LAYERS.index(mine):
+                problems.append(f"{name}:{line} ({mine}) imports {target} ({theirs}), a higher "
+                                "layer")
+    return problems
+
+
+def import_cycles() -> list[list[str]]:
+    graph = {name: sorted({t for _, t in lib_imports(path) if t in modules() and t != name})
+             for name, path in modules().items()}
+    cycles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == "open":
+                cycles.append(trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_every_import_runs_down_the_layers():
+    assert layer_violations() == []
+
+
+def test_no_import_cycle():
+    assert import_cycles() == []
+
+
+def test_the_checks_fail_on_an_upward_import_and_on_a_cycle(tmp_path, monkeypatch):
+    """The FAIL path: a core module importing a stage, and two modules importing each other."""
+    fake = tmp_path / "lib"
+    (fake / "core").mkdir(parents=True)
+    (fake / "stages").mkdir()
+    for init in (fake / "__init__.py", fake / "core" / "__init__.py",
+                 fake / "stages" / "__init__.py"):
+        init.write_text("")
+    (fake / "core" / "a.py").write_text("from lib.stages import b\n")
+    (fake / "stages" / "b.py").write_text("def f():\n    from lib.core import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LIB", fake)
+    assert layer_violations() == ["lib.core.a:1 (core) imports lib.stages.b (stages), a higher "
+                                  "layer"]
+    assert import_cycles() == [["lib.core.a", "lib.stages.b", "lib.core.a"]]
+
+
+def context_reads(path: Path) -> list[str]:
+    """Where a module reads the context: `.context`, a "context" key, or a comparison with a
+    context's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "context":
+            found.append(f"{path.name}:{node.lineno} .context")
+        elif isinstance(node, ast.Constant) and node.value == "context":
+            found.append(f"{path.name}:{node.lineno} 'context'")
+        elif isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                if isinstance(side, ast.Constant) and side.value in CONTEXT_NAMES:
+                    found.append(f"{path.name}:{node.lineno} == {side.value!r}")
+    return sorted(found, key=lambda f: (int(f.split(":")[1].split()[0]), f))
+
+
+def test_no_stage_module_reads_its_context():
+    stage_modules = [p for p in sorted((LIB / "stages").glob("*.py")) if p.name not in NOT_STAGES]
+    assert len(stage_modules) == 7
+    assert [r for p in stage_modules for r in context_reads(p)] == []
+
+
+def test_the_context_check_finds_a_context_branch(tmp_path):
+    """The FAIL path of the check above, on the three forms a branch takes."""
+    branchy = tmp_path / "branchy.py"
+    branchy.write_text("def run(stage):\n"
+                       "    if stage.context != 'local':\n"
+                       "        return stage.params['context']\n"
+                       "    return stage['plan_for'] == 'kube'\n")
+    assert context_reads(branchy) == ["branchy.py:2 .context", "branchy.py:2 == 'local'",
+                                      "branchy.py:3 'context'", "branchy.py:4 == 'kube'"]
+
+
+def test_every_alias_is_listed_and_thin():
+    listed = (LIB / "ALIASES.md").read_text()
+    for alias, target in ALIASES.items():
+        path = REPO_ROOT.joinpath(*alias.split(".")).with_suffix(".py")
+        assert f"`{alias}`" in listed and f"`{target}`" in listed
+        code = [line for line in path.read_text().splitlines()
+                if line.strip() and not line.startswith(("#", '"', " ", "import", "from"))]
+        assert len(code) <= 2, (alias, code)  # an import and, for a command, its entry point
+
+
+@pytest.mark.parametrize("stage", ["00_cluster", "03_kernel_test", "04_serve", "05_sweep",
+                                   "06_multicomm"])
+def test_every_cluster_side_stage_asks_its_place(stage):
+    from lib.stages import registry
+
+    path = LIB / "stages" / f"{registry.SPECS[stage].module}.py"
+    assert "places.for_stage(" in path.read_text()

@@ -1,0 +1,117 @@
+"""Places: the door's plan mode, the plan place, the place each context picks, and the engine
+default that comes from the place (never from this machine's GPUs on a cluster place)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lib import places
+from lib.core.door import Door, read_transcript
+from lib.core.errors import PlanOnly, ReplayMismatch
+from lib.core.stage import Stage
+from lib.places import NodeRank, RankJob, Unsupported
+from lib.places.kube import KubePlace
+from lib.places.local import LocalPlace
+from lib.places.plan import PlanPlace
+from lib.places.slurm import SlurmPlace
+from lib.stages import kernel, registry
+from lib.stages.opening import open_stage
+
+
+def plan_stage(run_dir, name="03_kernel_test", given=None, replay=False) -> Stage:
+    resolved = registry.resolve(name, {"context": "plan", **(given or {})})
+    door = Door(run_dir, name, replay=replay, plan=True)
+    return Stage(name, resolved, run_dir, door, run_dir if replay else None)
+
+
+def test_the_plan_door_runs_checkers_only_and_records_what_it_would_run(tmp_path):
+    door = Door(tmp_path, "03_kernel_test", plan=True)
+    with pytest.raises(PlanOnly, match="context plan runs nothing but local checkers"):
+        door.run(["kubectl", "apply", "-f", "x.yaml"], timeout=5)
+    with pytest.raises(PlanOnly, match="starts no process"):
+        door.start(["sleep", "60"], log_path=tmp_path / "x.log")
+    with pytest.raises(PlanOnly, match="sends no request"):
+        door.http("GET", "http://127.0.0.1:9/health", timeout=1)
+    script = tmp_path / "ok.sh"
+    script.write_text("#!/bin/bash\necho ok\n")
+    checked = door.run([".venv/bin/shellcheck", str(script)], timeout=60, check=False)
+    assert checked.rc == 0  # a local checker runs for real
+    door.plan(["kubectl", "apply", "-f", "x.yaml"], note="the serve")
+    kinds = [(e["kind"], e["key"][0]) for e in read_transcript(tmp_path / "transcript.jsonl")]
+    assert kinds == [("run", ".venv/bin/shellcheck"), ("plan", "kubectl")]
+    # a replay answers the same plan at the same point, and refuses another
+    replay = Door(tmp_path, "03_kernel_test", replay=True)
+    replay.run([".venv/bin/shellcheck", str(script)], timeout=60, check=False)
+    with pytest.raises(ReplayMismatch, match="plan"):
+        replay.plan(["kubectl", "delete", "-f", "x.yaml"])
+
+
+def test_the_plan_place_records_every_node_s_command_and_runs_none(tmp_path):
+    stage = plan_stage(tmp_path)
+    place = places.for_stage(stage)
+    assert isinstance(place, PlanPlace) and place.gpus() == 8
+    job = RankJob("the torch benchmark",
+                  argv=lambda node: kernel.torchrun_argv(kernel.bench_config(stage, 8), node,
+                                                         "out.json"),
+                  env=lambda node: {"NODE_RANK": str(node.rank)}, timeout_s=60, nodes=2)
+    with pytest.raises(Unsupported, match="plan for kube: the torch benchmark on 2 node"):
+        place.run_ranks(job)
+    planned = [e for e in read_transcript(tmp_path / "transcript.jsonl")]
+    assert [e["kind"] for e in planned] == ["plan", "plan"]
+    for rank, entry in enumerate(planned):
+        argv = entry["key"]
+        assert argv[0] == f"NODE_RANK={rank}"
+        assert "--nnodes=2" in argv and f"--node-rank={rank}" in argv
+        assert "--nproc-per-node=8" in argv  # every GPU of a p5en node
+        assert "--master-addr=<node-0>" in argv
+
+
+def test_03_in_plan_skips_with_its_plan_and_replays(tmp_path):
+    stage = plan_stage(tmp_path)
+    kernel.run(stage)
+    stage.finish()
+    (gate,) = stage.gates
+    assert gate.status == "SKIP" and "planned, not run" in gate.reason
+    assert {e["kind"] for e in read_transcript(tmp_path / "transcript.jsonl")} == {"plan"}
+    replay = plan_stage(tmp_path, replay=True)
+    kernel.run(replay)
+    replay.finish()  # the same plan, the same gates
+
+
+@pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", PlanPlace),
+                                           ("kube", KubePlace), ("slurm", SlurmPlace)])
+def test_each_context_has_its_place(tmp_path, context, kind):
+    stage = Stage("00_cluster", registry.resolve("00_cluster", {"context": context}), tmp_path,
+                  Door(tmp_path, "00_cluster"), None)
+    assert type(places.for_stage(stage)) is kind
+    assert places.for_stage(stage) is places.for_stage(stage)  # one place per stage
+
+
+def test_a_cluster_place_serves_with_vllm_whatever_this_machine_has(tmp_path):
+    """The engine '' resolves to the place's pick: vLLM on kube, slurm and plan, though this
+    machine has no GPU (where the local place picks transformers)."""
+    for context in ("kube", "slurm", "plan"):
+        assert places.engine_default({"context": context}) == "vllm"
+    assert places.engine_default({"context": "local"}) == "transformers"
+    ns = {"context": "plan", "results_dir": str(tmp_path), "run_id": "p1"}
+    stage = open_stage("04_serve", ns)
+    assert stage["engine"] == "vllm" and stage.door.planning
+    run = json.loads((tmp_path / "p1" / "run.json").read_text())
+    assert run["parameters"]["engine"] == "vllm" and run["outputs_version"] == 2
+
+
+def test_01_opens_without_plan_mode_it_touches_no_place(tmp_path):
+    ns = {"context": "plan", "results_dir": str(tmp_path), "run_id": "p2"}
+    assert not open_stage("01_public_roots", ns).door.planning
+    assert open_stage("00_cluster", ns).door.planning
+
+
+def test_places_that_are_not_built_say_so_in_one_reason(tmp_path):
+    for kind in (KubePlace, SlurmPlace):
+        stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": kind.kind}),
+                      tmp_path, Door(tmp_path, "03_kernel_test"), None)
+        with pytest.raises(Unsupported, match="not built yet"):
+            kind(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
+    node = NodeRank(1, 2, "leader", 29500)
+    assert (node.rank, node.nodes, node.master_addr, node.port) == (1, 2, "leader", 29500)

@@ -35,7 +35,7 @@ def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
     on_gpu = gpus >= 2
     return {
         # ranks per node: `ranks` where given (local), else every GPU of the node
-        "nproc": min(p["ranks"] or gpus, gpus) if on_gpu else p["ranks"],
+        "nproc": min(p["ranks"] or gpus, gpus) if on_gpu else (p["ranks"] or 1),
         "backend": "nccl" if on_gpu else "gloo",
         "num_tokens": p["num_tokens"],
         "hidden": p["hidden"] or (GPU_HIDDEN if on_gpu else CPU_HIDDEN),
@@ -84,7 +84,9 @@ def run(stage: Stage) -> dict:
     try:
         gpus = place.gpus()
         cfg = bench_config(stage, gpus)
-        print(f"torchrun: {cfg['nproc']} ranks on {cfg['backend']}, {cfg['num_tokens']} tokens x "
+        ranks = (f"{cfg['nproc']} ranks" if stage["nodes"] == 1 else
+                 f"{stage['nodes']} nodes x {cfg['nproc']} ranks")
+        print(f"torchrun: {ranks} on {cfg['backend']}, {cfg['num_tokens']} tokens x "
               f"hidden {cfg['hidden']}, top-{cfg['num_topk']} of {cfg['num_experts']} experts, "
               f"{cfg['num_comms']} communicator(s)", flush=True)
         result, gates = run_bench(stage, cfg, "result.json")

@@ -104,7 +104,9 @@ _PARAMS = [
           "kube and slurm: leave the serve up for the next stage (else every object or job of "
           "the run is deleted when the stage ends)"),
     # 03 kernel test (DeepEP test_ep's meaning)
-    Param("ranks", "an integer >= 2", int_at_least(2), {"local": 2}, "processes (local)"),
+    Param("ranks", "an integer from 1 to 64 (at least 2 on the local context)", int_range(1, 64),
+          {"local": 2}, "processes per node (local: 2; a cluster: every GPU of a node, or 1 "
+                        "on a node without GPUs)"),
     Param("num_tokens", "an integer >= 1", int_at_least(1), {"*": 128}, "tokens per rank"),
     Param("hidden", "an integer >= 1", int_at_least(1), _cluster(7168),
           "hidden size (local: 7168 on GPUs, 256 on CPU)"),
@@ -342,6 +344,9 @@ def _check_together(p: dict[str, Any]) -> None:
     experts, topk = p.get("num_experts"), p.get("num_topk")
     if experts is not None and topk is not None and topk > experts:
         raise ParameterError("num_topk", topk, f"an integer from 1 to num_experts ({experts})")
+    if context == "local" and p.get("ranks") is not None and p["ranks"] < 2:
+        raise ParameterError("ranks", p["ranks"], "an integer >= 2 on the local context (one "
+                                                  "machine: the all-to-all needs two ranks)")
     ranks = p.get("ranks") if context == "local" else _world(p)
     if experts is not None and ranks and experts % ranks:
         raise ParameterError("num_experts", experts,
@@ -393,8 +398,10 @@ def _check_model_divides(p: dict[str, Any]) -> None:
 
 
 def _world(p: dict[str, Any]) -> int | None:
-    if p.get("nodes") and p.get("gpus_per_node"):
-        return p["nodes"] * p["gpus_per_node"]
+    """The ranks of a cluster job: nodes x processes per node (`ranks`, else its GPUs)."""
+    per_node = p.get("ranks") or p.get("gpus_per_node")
+    if p.get("nodes") and per_node:
+        return p["nodes"] * per_node
     return None
 
 

@@ -150,3 +150,27 @@ def test_engine_vllm_on_a_cpu_machine_is_refused_in_the_first_cell(tmp_path):
     assert "parameter 'engine' = 'vllm' is not allowed" in done.stderr
     assert "needs 2 or more GPUs and vllm importable" in done.stderr
     assert not (tmp_path / "results").exists()  # refused before anything was written
+
+
+def test_papermill_without_parameters_starts_a_new_run_and_leaves_the_reference_alone(tmp_path):
+    """A newcomer's first call, exactly: `papermill notebooks/00_cluster.ipynb OUT` with no -p.
+    The committed notebook carries no injected-parameters cell naming the reference run, so the
+    call records a new run under results/ (removed again here) and the reference still
+    verifies against its SHA256SUMS."""
+    import shutil
+
+    from lib.core import evidence
+
+    results = REPO_ROOT / "results"
+    reference = results / (results / "REFERENCE").read_text().strip()
+    before = {p.name for p in results.iterdir()}
+    done = papermill(tmp_path / "x.ipynb")
+    made = sorted({p.name for p in results.iterdir()} - before)
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert len(made) == 1 and made[0].startswith("local-"), made
+        assert json.loads((results / made[0] / "00_cluster" / "gates.json").read_text())
+    finally:
+        for name in made:
+            shutil.rmtree(results / name)
+    assert evidence.verify(reference) == []

@@ -131,25 +131,14 @@ def vllm_env(*, backend: str, ep_num_comms: int, transport: str,
     return env
 
 
-def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
-               backend: str = "allgather_reducescatter", dp_size: int, dp_size_local: int,
-               dp_start_rank: int = 0, dp_address: str | None = None,
-               dp_rpc_port: int | None = None, port: int = 8000, enforce_eager: bool = True,
-               max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
-               ep_num_comms: int = 1, transport: str = "efa", nccl_site: str | Path | None = None,
-               extra_env: Mapping[str, str] | None = None, num_experts: int | None = None,
-               python: str | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
-               expert_parallel: bool = True, deepep_dir: str | Path | None = None,
-               inherited_pythonpath: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """argv and env (variables to set) for one vLLM serve process.
-
-    ``deepep_dir`` (role 'local' only; the image has deep_ep installed): a DeepEP built in place
-    on this machine, put on PYTHONPATH behind ``nccl_site`` and before ``inherited_pythonpath``
-    (``lib.transport.deepep_pythonpath``).
-
-    The variables to unset are ``lib.transport.unset_vars(transport)``; ``apply_transport``
-    applies both to a base environment.
-    """
+def check_serve_request(role: str, *, model: str, backend: str, dp_size: int,
+                        dp_size_local: int, dp_start_rank: int, dp_address: str | None,
+                        dp_rpc_port: int | None, port: int, enforce_eager: bool,
+                        max_model_len: int | None, gpu_memory_utilization: float | None,
+                        num_experts: int | None, expert_parallel: bool) -> int | None:
+    """Every rule of one vLLM serve process's request, before anything is built: a
+    ParameterError names the first value refused. Returns the rpc port (checked) of a leader or
+    worker, None on role 'local'."""
     if role not in ROLES:
         raise ParameterError("role", role, ", ".join(ROLES))
     if not isinstance(model, str) or not model.strip():
@@ -167,7 +156,7 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
                 "num_experts", num_experts,
                 f"a multiple of the EP size = dp_size = {dp_size} (TP1 x DP: each rank holds "
                 f"num_experts/{dp_size} experts)")
-    port = _port("port", port)
+    _port("port", port)
     if max_model_len is not None:
         _positive_int("max_model_len", max_model_len)
     if gpu_memory_utilization is not None and (
@@ -212,6 +201,34 @@ def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
                     (", ".join(map(str, allowed)) + f" (ordinal x dp_size_local={dp_size_local})")
                     if allowed else f"none: dp_size={dp_size} fits on the leader alone")
 
+    return dp_rpc_port
+
+
+def vllm_serve(role: str, *, model: str, served_model_name: str | None = None,
+               backend: str = "allgather_reducescatter", dp_size: int, dp_size_local: int,
+               dp_start_rank: int = 0, dp_address: str | None = None,
+               dp_rpc_port: int | None = None, port: int = 8000, enforce_eager: bool = True,
+               max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
+               ep_num_comms: int = 1, transport: str = "efa", nccl_site: str | Path | None = None,
+               extra_env: Mapping[str, str] | None = None, num_experts: int | None = None,
+               python: str | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
+               expert_parallel: bool = True, deepep_dir: str | Path | None = None,
+               inherited_pythonpath: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """argv and env (variables to set) for one vLLM serve process.
+
+    ``deepep_dir`` (role 'local' only; the image has deep_ep installed): a DeepEP built in place
+    on this machine, put on PYTHONPATH behind ``nccl_site`` and before ``inherited_pythonpath``
+    (``lib.transport.deepep_pythonpath``).
+
+    The variables to unset are ``lib.transport.unset_vars(transport)``; ``apply_transport``
+    applies both to a base environment.
+    """
+    dp_rpc_port = check_serve_request(
+        role, model=model, backend=backend, dp_size=dp_size, dp_size_local=dp_size_local,
+        dp_start_rank=dp_start_rank, dp_address=dp_address, dp_rpc_port=dp_rpc_port, port=port,
+        enforce_eager=enforce_eager, max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization, num_experts=num_experts,
+        expert_parallel=expert_parallel)
     env = vllm_env(backend=backend, ep_num_comms=ep_num_comms, transport=transport,
                    nccl_site=nccl_site, plugin_path=plugin_path, extra_env=extra_env)
     if deepep_dir is not None:

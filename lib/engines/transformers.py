@@ -154,6 +154,11 @@ class Server:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
+        """One HTTP request to the server, through the door. Here: from this machine; a place
+        whose server is reachable only from inside its cluster answers it from there."""
+        return door.http(method, self.url + path, timeout=timeout, json_body=json_body)
+
 
 def log_tail(door, log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of a log, read through the door (so a replay sees the same text)."""
@@ -202,7 +207,7 @@ def poll_until_ready(stage, server: Server, timeout_s: float, *, path: str, who:
             return gate(name, False, {"exit_code": rc, "after_s": elapsed}, "listening",
                         f"{who} exited with code {rc} after {elapsed} s; log tail:\n"
                         + log_tail(door, server.log_path), evidence)
-        answer = door.http("GET", server.url + path, timeout=PROBE_TIMEOUT_S)
+        answer = server.request(door, "GET", path, timeout=PROBE_TIMEOUT_S)
         if answer.status == 200:
             server.ready, server.ready_s = True, elapsed
             print(f"{'server' if who == 'the server' else who} ready after {elapsed} s",
@@ -331,7 +336,7 @@ def local_server(stage, model_dir: str | Path, *, timeout_s: float | None = None
 
 # ---- what a ready server must answer -------------------------------------------------------------
 def models_gate(stage, server: Server) -> tuple[Gate, dict | None]:
-    answer = stage.door.http("GET", server.url + "/v1/models", timeout=PROBE_TIMEOUT_S)
+    answer = server.request(stage.door, "GET", "/v1/models", timeout=PROBE_TIMEOUT_S)
     ids = listed_models(answer.body)
     want = stage.door.norm(server.model_dir)
     body = _json_or_none(answer.body)
@@ -370,8 +375,8 @@ def chat_gate(stage, server: Server, max_tokens: int = 16) -> tuple[Gate, dict]:
     """A chat request must answer 200 with non-empty content and a usage block."""
     request = {"model": server.model_dir, "max_tokens": max_tokens,
                "messages": [{"role": "user", "content": CHAT_PROMPT}]}
-    answer = stage.door.http("POST", server.url + "/v1/chat/completions",
-                             timeout=CHAT_TIMEOUT_S, json_body=request)
+    answer = server.request(stage.door, "POST", "/v1/chat/completions",
+                            timeout=CHAT_TIMEOUT_S, json_body=request)
     body = _json_or_none(answer.body) or {}
     choices = body.get("choices") or [{}]
     content = ((choices[0] or {}).get("message") or {}).get("content") or ""

@@ -36,9 +36,9 @@ def ask(stage, server, prompts: tuple[str, ...] = PROMPTS) -> list[dict[str, Any
     """Each prompt alone, through the door: vLLM's answer as it came, or {"error": ...}."""
     answers = []
     for prompt in prompts:
-        result = stage.door.http("POST", f"{server.url}/v1/completions", timeout=ASK_TIMEOUT_S,
-                                 json_body={"model": server.model_dir, "prompt": prompt,
-                                            **REQUEST})
+        result = server.request(stage.door, "POST", "/v1/completions", timeout=ASK_TIMEOUT_S,
+                                json_body={"model": server.model_dir, "prompt": prompt,
+                                           **REQUEST})
         if result.status != 200:
             answers.append({"error": f"HTTP {result.status}: {result.error or result.body[:200]}"})
             continue

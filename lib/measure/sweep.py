@@ -453,7 +453,7 @@ def metric_total(text: str, name: str) -> float | None:
 
 def scrape_metrics(stage, server: Server, cell: Cell, when: str) -> dict:
     """GET /metrics through the door, kept as metrics/repeat_<r>/c<C>.<when>.prom."""
-    answer = stage.door.http("GET", server.url + "/metrics", timeout=METRICS_TIMEOUT_S)
+    answer = server.request(stage.door, "GET", "/metrics", timeout=METRICS_TIMEOUT_S)
     name = f"metrics/repeat_{cell.repeat}/c{cell.concurrency}.{when}.prom"
     saved = stage.write_text(name, answer.body or "") if answer.status == 200 else None
     return {"file": saved, "status": answer.status,

@@ -101,6 +101,13 @@ class Place:
     what = "this place"
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
+    # the transport contract of lib.engines.transport its GPU processes get
+    transport = "efa"
+    # the interpreter a rank's or a server's process runs (the image's on a cluster)
+    python = "python3"
+    # whether a file a rank writes lands where this machine reads it (the stage's folder):
+    # the torch benchmark writes its result JSON that way
+    shares_files = False
 
     def __init__(self, stage):
         self.stage = stage
@@ -142,6 +149,14 @@ class Place:
 
     def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
         raise self._cannot("run a job beside a server")
+
+    def deepep_dir(self) -> str | None:
+        """Where DeepEP (built, with its tests/elastic/test_ep.py) is on the nodes, or None."""
+        return None
+
+    def nccl_site(self) -> str | None:
+        """A site folder holding the NCCL DeepEP was built for, to preload (None: the image's)."""
+        return None
 
     def build_image(self, *, dockerfile: Path, context: Path, tag: str, repo: Path) -> dict:
         raise self._cannot("build or check the image")

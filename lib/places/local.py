@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -81,6 +82,9 @@ class LocalPlace(Place):
     kind = "local"
     what = "the local place (this machine)"
     gin = False  # no RDMA NIC here: DeepEP runs intranode with GIN off (EP_DISABLE_GIN=1)
+    transport = "intranode_nvlink"  # one machine: NVLink, GIN off, NCCL 2.30.4 preloaded
+    python = sys.executable
+    shares_files = True
 
     @classmethod
     def engine_default(cls, resolved: dict[str, Any]) -> str:
@@ -179,6 +183,12 @@ class LocalPlace(Place):
                 gate_prefix=spec.gate_prefix,
                 **({"log_name": spec.log_name} if spec.log_name else {})) as server:
             yield server
+
+    def deepep_dir(self) -> str | None:
+        return self.stage["deepep_dir"] or None  # a DeepEP built here (docker/build_deepep.sh)
+
+    def nccl_site(self) -> str | None:
+        return self.stage["nccl_site"] or None
 
     def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
         return self.door.run(argv, timeout=timeout_s, env=env, check=False)

@@ -19,30 +19,42 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
 
 
 def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
-    """What a node must have here (`needs`: the place's), gated; what the place does not need is
-    a SKIP with the place's reason when the node lacks it."""
+    """What a node must have here (`needs`: the place's), gated; what the place does not need
+    is a SKIP with the place's reason when the node lacks it. A cluster node's gates are named
+    after it ("<node>: EFA devices")."""
+    name = (lambda g: f"{facts['node']}: {g}") if "node" in facts else (lambda g: g)
     gpus = len(facts["gpus"])
     gates = [
-        gate("CPU cores", facts["cpu_cores"] >= MIN_CORES, facts["cpu_cores"], f">= {MIN_CORES}",
-             evidence=evidence),
-        gate("memory GiB", facts["memory_gib"] >= MIN_MEMORY_GIB, facts["memory_gib"],
+        gate(name("CPU cores"), facts["cpu_cores"] >= MIN_CORES, facts["cpu_cores"],
+             f">= {MIN_CORES}", evidence=evidence),
+        gate(name("memory GiB"), facts["memory_gib"] >= MIN_MEMORY_GIB, facts["memory_gib"],
              f">= {MIN_MEMORY_GIB}", evidence=evidence),
     ]
-    if gpus >= 2:
+    if needs.gpus is not None:
+        gates.append(gate(name("GPUs"), gpus == needs.gpus, gpus, needs.gpus,
+                          evidence=evidence))
+    elif gpus >= 2:
         gates.append(gate("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)", True, gpus, ">= 2",
                           evidence=evidence))
     else:
         gates.append(skip("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)",
                           needs.no_gpus.format(gpus=gpus), evidence))
-    gates.append(efa_gate(facts, needs, evidence))
-    gates.append(gdrdrv_gate(facts, needs, evidence))
+    gates.append(efa_gate(facts, needs, evidence, name))
+    gates.append(gdrdrv_gate(facts, needs, evidence, name))
     if facts["hugepages_total"]:
-        gates.append(gate("hugepages", True, facts["hugepages_total"], "> 0", evidence=evidence))
+        gates.append(gate(name("hugepages"), True, facts["hugepages_total"], "> 0",
+                          evidence=evidence))
+    elif needs.hugepages:
+        gates.append(gate(name("hugepages"), False, facts["hugepages_total"], "> 0",
+                          "no hugepages allocated on the node: the EFA path (libfabric) needs "
+                          "them; pods asking hugepages-2Mi stay Pending", evidence))
     else:
         gates.append(skip("hugepages", needs.no_hugepages, evidence))
-    gates.append(skip("kubectl access to a cluster",
-                      needs.no_cluster_access.format(kubectl=facts['kubectl_client'] or 'absent'),
-                      evidence))
+    if "cluster_access" not in facts:  # this host: which cluster clients it has
+        gates.append(skip("kubectl access to a cluster", needs.no_cluster_access.format(
+            kubectl=facts['kubectl_client'] or 'absent'), evidence))
+    if "docker_engine" not in facts:
+        return gates
     if facts["docker_engine"]:
         gates.append(gate("Docker engine", True, facts["docker_engine"], "answers",
                           evidence=evidence))
@@ -53,18 +65,42 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
     return gates
 
 
-def efa_gate(facts: dict, needs: NodeNeeds, evidence: list[str]):
-    if facts["efa_devices"]:
-        return gate("EFA devices", True, len(facts["efa_devices"]), "> 0", evidence=evidence)
+def efa_gate(facts: dict, needs: NodeNeeds, evidence: list[str], name=lambda g: g):
+    found = len(facts["efa_devices"])
+    if needs.efa is not None:  # a cluster node: every EFA device of its instance type
+        return gate(name("EFA devices"), found == needs.efa, found, needs.efa,
+                    f"EFA devices the node's probe saw (DRIVER=efa); the instance type has "
+                    f"{needs.efa}", evidence)
+    if found:
+        return gate("EFA devices", True, found, "> 0", evidence=evidence)
     return skip("EFA devices", needs.no_efa, evidence)
 
 
-def gdrdrv_gate(facts: dict, needs: NodeNeeds, evidence: list[str]):
+def gdrdrv_gate(facts: dict, needs: NodeNeeds, evidence: list[str], name=lambda g: g):
     version = parse_version(facts["gdrdrv_version"])
-    if version is None:
+    if version is None and not needs.gdrdrv:
         return skip("gdrdrv >= 2.5", needs.no_gdrdrv, evidence)
-    return gate("gdrdrv >= 2.5", version[:2] >= GDRDRV_MIN, facts["gdrdrv_version"], ">= 2.5",
-                evidence=evidence)
+    if version is None:
+        return gate(name("gdrdrv >= 2.5"), False, None, ">= 2.5",
+                    "gdrdrv is not loaded on the node (/sys/module/gdrdrv/version absent): "
+                    "GPUDirect RDMA over EFA needs it (2.4 breaks the combine: ANCHORS 4)",
+                    evidence)
+    return gate(name("gdrdrv >= 2.5"), version[:2] >= GDRDRV_MIN, facts["gdrdrv_version"],
+                ">= 2.5", evidence=evidence)
+
+
+def cluster_gates(stage: Stage, nodes: list[dict], evidence: list[str]) -> list:
+    """A cluster's own gates: access, enough nodes of the instance type, each Ready."""
+    asked = stage["nodes"]
+    access = nodes[0].get("cluster_access")
+    ready = [n["node"] for n in nodes if n.get("ready")]
+    return [
+        gate("access to the cluster", bool(access), access, "answers",
+             "the cluster's control plane answered", evidence),
+        gate("nodes of the instance type, Ready", len(ready) >= asked,
+             {"ready": ready, "found": [n["node"] for n in nodes]}, f">= {asked} Ready",
+             f"{len(ready)} Ready of {len(nodes)} found; the run asks {asked}", evidence),
+    ]
 
 
 def run(stage: Stage) -> dict:
@@ -75,11 +111,18 @@ def run(stage: Stage) -> dict:
         stage.add(skip("cluster probe", str(why)))
         return {"facts": None}
     needs = place.node_needs()
-    facts = nodes[0]  # one node today: this host (the cluster places gate each node)
-    evidence = [stage.write_json("host.json", facts)]
-    stage.add(gate("host facts recorded", True, len(facts), "> 0", evidence=evidence))
-    stage.add(host_gates(facts, needs, evidence))
-    return {"facts": facts}
+    if len(nodes) == 1 and "node" not in nodes[0]:  # this host, as one node
+        facts = nodes[0]
+        evidence = [stage.write_json("host.json", facts)]
+        stage.add(gate("host facts recorded", True, len(facts), "> 0", evidence=evidence))
+        stage.add(host_gates(facts, needs, evidence))
+        return {"facts": facts}
+    evidence = [stage.write_json("nodes.json", nodes)]
+    stage.add(gate("node facts recorded", bool(nodes), len(nodes), "> 0", evidence=evidence))
+    stage.add(cluster_gates(stage, nodes, evidence))
+    for facts in nodes:
+        stage.add(host_gates(facts, needs, evidence + facts.get("evidence", [])))
+    return {"facts": nodes[0], "nodes": nodes}
 
 
 def show(stage: Stage, data: dict):
@@ -87,6 +130,11 @@ def show(stage: Stage, data: dict):
 
     if not data["facts"]:
         return None
+    if data.get("nodes"):  # a cluster: a row per node
+        keep = ("node", "instance_type", "ready", "cpu_cores", "memory_gib", "gpus",
+                "efa_devices", "gdrdrv_version", "hugepages_total", "taints")
+        return pd.DataFrame([{k: (len(n[k]) if k in ("gpus", "efa_devices") else n.get(k))
+                              for k in keep if k in n} for n in data["nodes"]])
     facts = {k: (", ".join(map(str, v)) if isinstance(v, list) and v and not isinstance(v[0], dict)
                  else v) for k, v in data["facts"].items() if k != "gpus"}
     facts["gpus"] = len(data["facts"]["gpus"])

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not plane_available(), reason=NOT_BUILT)
 
 # A recorded log: a real vLLM server log from two H200s (shared fixtures), or one of the
 # repository's recorded runs. Read as bytes, never copied.
-LOG_CANDIDATES = [Path("/work/shared/fixtures/vllm-0.24.0-2xh200/vllm-deepep_v2-run2.log"),
+LOG_CANDIDATES = [REPO.parent / "shared" / "fixtures" / "vllm-0.24.0-2xh200" / "vllm-deepep_v2-run2.log",
                   *sorted(REPO.glob("results/*/04_serve/server.log"))]
 RECORDED_LOG = next((p for p in LOG_CANDIDATES if p.is_file()), None)
 IMAGE_ID = "docker-pullable://vllm/vllm-openai@sha256:" + "5e" * 32

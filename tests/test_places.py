@@ -13,7 +13,7 @@ from lib.core.stage import Stage
 from lib.places import NodeRank, RankJob, Unsupported
 from lib.places.kube import KubePlace
 from lib.places.local import LocalPlace
-from lib.places.plan import PlanPlace
+from lib.places.plan import KubePlan, PlanPlace
 from lib.places.slurm import SlurmPlace
 from lib.stages import kernel, registry
 from lib.stages.opening import open_stage
@@ -47,15 +47,15 @@ def test_the_plan_door_runs_checkers_only_and_records_what_it_would_run(tmp_path
         replay.plan(["kubectl", "delete", "-f", "x.yaml"])
 
 
-def test_the_plan_place_records_every_node_s_command_and_runs_none(tmp_path):
-    stage = plan_stage(tmp_path)
+def test_a_plan_for_slurm_records_every_node_s_command_and_runs_none(tmp_path):
+    stage = plan_stage(tmp_path, given={"plan_for": "slurm"})
     place = places.for_stage(stage)
     assert isinstance(place, PlanPlace) and place.gpus() == 8
     job = RankJob("the torch benchmark",
                   argv=lambda node: kernel.torchrun_argv(kernel.bench_config(stage, 8), node,
                                                          "out.json"),
                   env=lambda node: {"NODE_RANK": str(node.rank)}, timeout_s=60, nodes=2)
-    with pytest.raises(Unsupported, match="plan for kube: the torch benchmark on 2 node"):
+    with pytest.raises(Unsupported, match="plan for slurm: the torch benchmark on 2 node"):
         place.run_ranks(job)
     planned = [e for e in read_transcript(tmp_path / "transcript.jsonl")]
     assert [e["kind"] for e in planned] == ["plan", "plan"]
@@ -67,19 +67,36 @@ def test_the_plan_place_records_every_node_s_command_and_runs_none(tmp_path):
         assert "--master-addr=<node-0>" in argv
 
 
-def test_03_in_plan_skips_with_its_plan_and_replays(tmp_path):
+def test_03_planned_for_kube_renders_checks_and_records_and_replays(tmp_path):
+    """The kube place's own code, planning: DeepEP's test_ep as one pod per node per token
+    count, written into manifests/, checked by kubernetes-validate --strict (a real run of the
+    checker), the kubectl commands recorded; nothing applied; a replay gives the same."""
     stage = plan_stage(tmp_path)
+    assert type(places.for_stage(stage)) is KubePlan
     kernel.run(stage)
     stage.finish()
-    (gate,) = stage.gates
-    assert gate.status == "SKIP" and "planned, not run" in gate.reason
-    assert {e["kind"] for e in read_transcript(tmp_path / "transcript.jsonl")} == {"plan"}
+    got = {g.gate: g for g in stage.gates}
+    assert got["the torch benchmark"].status == "SKIP"
+    for tokens in (128, 512, 4096):
+        valid = got[f"test-ep-at-{tokens}-tokens: manifests valid (kubernetes-validate --strict "
+                    "1.36)"]
+        assert valid.status == "PASS" and "passed" in valid.reason
+        assert got[f"test_ep {tokens} tokens: test_ep run"].status == "SKIP"
+        assert "planned, not run" in got[f"test_ep {tokens} tokens: test_ep run"].reason
+        text = (tmp_path / "03_kernel_test" / "manifests" / f"test-ep-at-{tokens}-tokens.yaml"
+                ).read_text()
+        assert "kind: Pod" in text and f"test-ep-at-{tokens}-tokens-1" in text
+    entries = read_transcript(tmp_path / "transcript.jsonl")
+    assert {e["kind"] for e in entries} == {"plan", "run"}
+    assert all(e["key"][0] == "{bin}/kubernetes-validate" for e in entries if e["kind"] == "run")
+    applies = [e["key"] for e in entries if e["kind"] == "plan" and "apply" in e["key"]]
+    assert len(applies) == 3
     replay = plan_stage(tmp_path, replay=True)
     kernel.run(replay)
     replay.finish()  # the same plan, the same gates
 
 
-@pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", PlanPlace),
+@pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", KubePlan),
                                            ("kube", KubePlace), ("slurm", SlurmPlace)])
 def test_each_context_has_its_place(tmp_path, context, kind):
     stage = Stage("00_cluster", registry.resolve("00_cluster", {"context": context}), tmp_path,
@@ -108,10 +125,13 @@ def test_01_opens_without_plan_mode_it_touches_no_place(tmp_path):
 
 
 def test_places_that_are_not_built_say_so_in_one_reason(tmp_path):
-    for kind in (KubePlace, SlurmPlace):
-        stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": kind.kind}),
-                      tmp_path, Door(tmp_path, "03_kernel_test"), None)
-        with pytest.raises(Unsupported, match="not built yet"):
-            kind(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
+    stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "slurm"}),
+                  tmp_path, Door(tmp_path, "03_kernel_test"), None)
+    with pytest.raises(Unsupported, match="neither is given"):  # no image, no venv: no call
+        SlurmPlace(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
+    stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "kube"}),
+                  tmp_path, Door(tmp_path, "03_kernel_test"), None)
+    with pytest.raises(Unsupported, match="no image given"):  # nothing applied without one
+        KubePlace(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
     node = NodeRank(1, 2, "leader", 29500)
     assert (node.rank, node.nodes, node.master_addr, node.port) == (1, 2, "leader", 29500)

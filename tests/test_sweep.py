@@ -108,14 +108,15 @@ def test_skips_every_cell_when_04_failed(tmp_path):
 def test_a_sweep_after_a_serve_that_measured_nothing_skips(tmp_path):
     """04 on a place that cannot serve records SKIPs only; 05 then measures nothing, saying
     why, and starts nothing."""
-    s04 = make_stage(tmp_path / "run", "04_serve", {"context": "kube"})
+    s04 = make_stage(tmp_path / "run", "04_serve", {"context": "slurm"})
     serve_stage.run(s04)
     s04.finish()
-    stage = make_stage(tmp_path / "run", "05_sweep", {"context": "kube"})
+    stage = make_stage(tmp_path / "run", "05_sweep", {"context": "slurm"})
     sweep_stage.run(stage)
     assert {g.status for g in stage.gates} == {"SKIP"}
     assert all("04_serve passed no gate in this run (all SKIP)" in g.reason for g in stage.gates)
-    assert read_transcript(tmp_path / "run" / "transcript.jsonl") == []
+    calls = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    assert [e for e in calls if e["stage"] == "05_sweep"] == []  # 05 asked nothing
 
 
 # ---- real AIPerf ---------------------------------------------------------------------------------

@@ -49,6 +49,11 @@ class CommandError(DoorError):
         return text[-self.TRUNCATE:] + f"\n  ... ({len(text) - self.TRUNCATE} more chars in .result)"
 
 
+class PlaceError(RuntimeError):
+    """A place's cluster did not do what was asked (nodes not allocated in time, an allocation
+    refused, its clients absent); the message says what, and what to change."""
+
+
 class PinsError(ValueError):
     """pins.yaml does not follow its schema; the message lists every problem found."""
 

@@ -172,7 +172,7 @@ def open_record(name: str, resolved: dict[str, Any],
 
 
 def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
-                table: dict[str, Param]) -> Stage:
+                table: dict[str, Param], *, plan: bool = False) -> Stage:
     if not (recorded / "run.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: no run.json there, not a recorded run")
     if not (recorded / name / "params.json").exists():
@@ -207,7 +207,7 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
             raise ReplayMismatch(
                 f"replay: parameter {key!r} = {value!r} but the recorded run used "
                 f"{recorded_params.get(key)!r}")
-    door = Door(shadow, name, replay=True)
+    door = Door(shadow, name, replay=True, plan=plan)
     return Stage(name, {**added_since, **recorded_params}, shadow, door, recorded)
 
 

@@ -228,8 +228,9 @@ def measure(stage, serve: Callable, arms: tuple[Arm, ...], shapes: tuple[Shape, 
                 server = servers[arm.slug]
                 _one_cell(stage, m, server, cell, arm, shape, name, engine,
                           f"[{index + 1}/{len(order)}]", mmap_dir)
-        finally:
-            stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
+        finally:  # AIPerf's datasets (a plan started nothing: nothing to remove)
+            if not stage.door.planning:
+                stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
     return m
 
 

@@ -13,7 +13,7 @@ from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, RankJob,  # no
                              ServeSpec, Unsupported)
 from lib.places.kube import KubePlace
 from lib.places.local import LocalPlace
-from lib.places.plan import PlanPlace
+from lib.places.plan import PlanPlace, plan_place
 from lib.places.slurm import SlurmPlace
 
 PLACES: dict[str, type[Place]] = {"local": LocalPlace, "plan": PlanPlace, "kube": KubePlace,
@@ -28,7 +28,9 @@ def for_stage(stage) -> Place:
     """The stage's place, made once per stage."""
     place = getattr(stage, "_place", None)
     if place is None:
-        place = stage._place = PLACES[stage.params["context"]](stage)
+        context = stage.params["context"]
+        place = stage._place = (plan_place(stage) if context == "plan"
+                                else PLACES[context](stage))
     return place
 
 

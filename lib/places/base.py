@@ -147,6 +147,10 @@ class Place:
     def serve(self, spec: ServeSpec) -> AbstractContextManager:
         raise self._cannot("serve a model")
 
+    def read_model_config(self, server, model: dict[str, Any]):
+        """(the served model's config.json as a dict, or None; its file in the stage folder)."""
+        raise self._cannot("read the served model's config")
+
     def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
         raise self._cannot("run a job beside a server")
 

@@ -190,6 +190,10 @@ class LocalPlace(Place):
     def nccl_site(self) -> str | None:
         return self.stage["nccl_site"] or None
 
+    def read_model_config(self, server, model: dict[str, Any]):
+        """The served model's config.json, here where it was built."""
+        return transformers.read_model_config(self.stage, model["model_dir"])
+
     def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
         return self.door.run(argv, timeout=timeout_s, env=env, check=False)
 

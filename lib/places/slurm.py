@@ -1,13 +1,362 @@
-"""The slurm place: a Slurm cluster through sbatch/srun/scancel (`partition`, `account`, an image
-through pyxis or a venv).
+"""The slurm place: a Slurm cluster through sbatch, srun, squeue, scontrol and scancel, each
+call through the door (`partition`, `account`, `time_limit_min`, `schedule_timeout_s`,
+`job_timeout_s`; the software from `image` through pyxis, or from `venv`).
 
-Not built yet: every capability says so (issue #20 adds it here, in this one file).
+What it runs (the argv and scripts: lib.places.batch):
+
+- every multi-node piece of work is one allocation: `sbatch --parsable` of a holder over
+  `nodes` whole nodes, one task per node (its job id comes back at once, so it is always known
+  and cancellable), waited for until RUNNING for at most `schedule_timeout_s`; then ONE srun
+  step across all its nodes, whose single bash wrapper picks each node's argv and env by
+  `$SLURM_NODEID`; then `scancel <jobid>` and a wait until squeue no longer shows the job, so
+  nothing is left queued or running. The cancel also runs when the step timed out, when the
+  code between raised (KeyboardInterrupt included), and from `stage.on_exit` when the stage
+  ends first. Why one step and not a step per node: srun starts every node's task at once or
+  none, `--kill-on-bad-exit=1` ends the others as soon as one node fails (no node left waiting
+  in a rendezvous until its timeout), and there is one process to wait on and time out;
+- `host_facts()`: the partition's nodes from `sinfo -N`, then an allocation and one probe step
+  (lib.places.batch.PROBE_SCRIPT, on the nodes themselves: the kernel's, /proc's and /sys's
+  facts are the host's) and `scontrol -o show node <nodelist>` for the allocated nodes;
+- `run_ranks(job)`: node N runs `job.argv(NodeRank(N, ...))` with `job.env(...)`; the
+  rendezvous is node 0: its NodeAddr (`scontrol show hostnames <nodelist>`, then `scontrol
+  show node`), on a free port picked here when that address is this machine's loopback (the
+  local test cluster, whose nodes are all this host), else on RDZV_PORT (this machine cannot
+  know which ports are free on node 0).
+
+What it needs from the cluster's file system: the run's folder and the guide's checkout on a
+file system every node shares at the same path (FSx for Lustre, NFS). Each node's output comes
+back through srun's `--output`/`--error` files in the stage's folder
+(`<job>-<jobid>-node<N>.out|.err`, and the node's exit code in `.rc`), read back through the
+door once the job has ended; rank 0's result files (03's result.json) are written there too.
+The step runs with `--chdir` = the checkout, so `python -m lib.bench.moe_a2a` imports from it.
+
+Where the software comes from: with `image`, the step runs in it through pyxis/enroot
+(`--container-image`, the run's folder and the checkout mounted at the same paths, `python3`
+the image's); with `venv` (no image), `<venv>/bin/python` on the nodes; with neither,
+run_ranks is Unsupported. pyxis is absent from the local test cluster, whose srun rejects
+`--container-image` ("unrecognized option"): the image path is rendered (a plan shows it) and
+checked there, not run. The node probe is bash on the nodes themselves, never in the image.
+
+Serving on Slurm is not built here yet: `model`, `serve` and `run_job` are Unsupported, with a
+reason that says so (`keep`, the serve's, is read by nothing here: every allocation is
+cancelled when its work ends).
 """
 from __future__ import annotations
 
-from lib.places.base import Place
+import ipaddress
+import sys
+from pathlib import Path
+from typing import Any
+
+from lib.core.door import REPO_ROOT, CallResult
+from lib.core.errors import CommandError, DoorError
+from lib.places import batch
+from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec, Unsupported
+from lib.places.instances import INSTANCE_TYPES
+
+SUBMIT_TIMEOUT_S = 60.0  # sbatch, scancel: they return once slurmctld answers
+QUERY_TIMEOUT_S = 30.0  # sinfo, squeue, scontrol
+PROBE_TIMEOUT_S = 300.0  # the node probe step
+RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillWait, epilogs)
+IMAGE_DEEPEP_DIR = "/opt/DeepEP"  # where docker/Dockerfile builds DeepEP in the image
+POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
+STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
+NO_SERVE = ("does not serve yet: serving on Slurm (vLLM over an allocation's steps) is not "
+            "built; stages 00 and 03 run on this place")
+
+
+class _NotAllocated(Exception):
+    """The allocation was refused, or did not start in time (the job cancelled already)."""
+
+    def __init__(self, reason: str, timed_out: bool = False):
+        super().__init__(reason)
+        self.timed_out = timed_out
 
 
 class SlurmPlace(Place):
     kind = "slurm"
-    what = "the slurm place (Slurm through sbatch/srun), not built yet,"
+    what = "the slurm place (Slurm through sbatch/srun)"
+    gin = True  # p5en nodes: EFA, DeepEP's GIN on
+    transport = "efa"  # lib.engines.transport's contract for the nodes' GPU processes
+    shares_files = True  # the run's folder is on the nodes' shared file system (see above)
+
+    def __init__(self, stage):
+        super().__init__(stage)
+        self._rows: list[dict[str, Any]] | None = None
+        self._released: set[str] = set()
+        self.jobs: list[str] = []  # every job id this place submitted, in order
+        self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
+
+    # ---- parameters ---------------------------------------------------------------------------
+    def _param(self, name: str, default: Any = None) -> Any:
+        value = self.stage.params.get(name)
+        return default if value is None else value
+
+    @property
+    def python(self) -> str:
+        """The interpreter a node's process runs: the venv's (`venv`, no image), else the
+        image's python3."""
+        if self._param("venv") and not self._param("image"):
+            return f"{str(self._param('venv')).rstrip('/')}/bin/python"
+        return "python3"
+
+    def deepep_dir(self) -> str | None:
+        """DeepEP on the nodes: the image's build, or the `deepep_dir` beside the venv."""
+        if self._param("image"):
+            return IMAGE_DEEPEP_DIR
+        return self._param("deepep_dir") or None
+
+    def nccl_site(self) -> str | None:
+        """The NCCL to preload: none in the image (it pins its own), else `nccl_site`."""
+        return None if self._param("image") else (self._param("nccl_site") or None)
+
+    def _python(self) -> str:
+        """The interpreter the nodes run; Unsupported when neither an image nor a venv says."""
+        if self._param("image") or self._param("venv"):
+            return self.python
+        raise Unsupported(
+            f"{self.what} runs ranks with an `image` (pyxis's --container-image) or a `venv` "
+            "(a Python environment on the nodes' shared file system); neither is given")
+
+    # ---- the cluster's nodes ------------------------------------------------------------------
+    def _query(self, argv: list[str]) -> CallResult:
+        call = self.door.run(argv, timeout=QUERY_TIMEOUT_S, check=False)
+        if call.rc == 127:
+            raise DoorError(f"{self.what} needs Slurm's clients (sinfo, sbatch, srun, squeue, "
+                            f"scontrol, scancel) on this machine: {call.stderr.strip()}")
+        if not call.ok:
+            raise CommandError(call)
+        return call
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The partition's nodes (`partition`, else the default partition), from sinfo."""
+        if self._rows is None:
+            partition = self._param("partition", "")
+            rows = batch.parse_sinfo(self._query(batch.sinfo_argv(partition)).stdout)
+            if not partition and any(r["default"] for r in rows):
+                rows = [r for r in rows if r["default"]]
+            if not rows:
+                raise DoorError(f"sinfo lists no node in partition {partition or '(default)'}")
+            self._rows = rows
+        return self._rows
+
+    def gpus(self) -> int:
+        """GPUs per node: the fewest the partition's nodes declare as GRES (0 without GRES)."""
+        return min(r["gres_gpus"] for r in self.nodes())
+
+    def node_needs(self) -> NodeNeeds:
+        """A Slurm cluster of p5en nodes: GPUs and EFA devices as the instance type has them,
+        gdrdrv >= 2.5 and hugepages, all required."""
+        gpus, efa = self._param("gpus_per_node"), self._param("efa_per_node")
+        kind = self._param("instance_type", "the instance type")
+        return NodeNeeds(
+            gpus=gpus, efa=efa, gdrdrv=True, hugepages=True,
+            no_gpus=f"{{gpus}} GPU(s) on this node: a {kind} node has {gpus}",
+            no_efa=f"no EFA device under /sys/class/infiniband: a {kind} node has {efa}, and "
+                   "DeepEP's inter-node all-to-all runs over them",
+            no_gdrdrv="gdrdrv is not loaded (/sys/module/gdrdrv/version absent): GPUDirect RDMA "
+                      "over EFA needs gdrdrv >= 2.5 on every node",
+            no_hugepages="no hugepages allocated: the EFA path (libfabric) needs them",
+            no_cluster_access="the slurm context reaches its cluster through Slurm, not "
+                              "kubectl (kubectl client {kubectl})")
+
+    def host_facts(self) -> list[dict[str, Any]]:
+        """Per allocated node, in node-rank order: the local place's node facts (from the probe
+        step: cpu_cores, cpu_model, memory_gib, hugepages_total, hugepage_size_kib, gpus,
+        rdma_devices, efa_devices, gdrdrv_version), its Slurm facts (node, partition,
+        slurm_state from sinfo, scontrol_state, slurm_cpus, slurm_memory_mib, gres, gres_gpus,
+        features, node_addr, node_hostname), and what 00's cluster gates read (cluster_access,
+        ready, instance_type: the feature naming one, evidence: the probe's output file).
+        This machine's clients (kubectl_client, docker_engine) are no node's facts: absent.
+        Raises DoorError when the nodes could not be allocated in time."""
+        version = self._query(["sinfo", "--version"]).stdout.strip()
+        rows = {r["node"]: r for r in self.nodes()}
+        gpus, nodes = self.gpus(), int(self._param("nodes", 1))
+        try:
+            jobid = self._allocate("node probe", nodes, gpus)
+        except _NotAllocated as why:
+            raise DoorError(f"{self.what} could not probe its nodes: {why}") from None
+        try:
+            names, info = self._allocated_nodes(self._wait_running(jobid))
+            base = self.stage.path(f"probe-{jobid}")
+            call = self.door.run(batch.step_argv(
+                jobid=jobid, nodes=len(names), out_base=str(base),
+                time_min=self._param("time_limit_min", 60), script=batch.probe_script(),
+                script_name="guide-node-probe", chdir=str(self.stage.dir),
+                gpus_per_node=gpus, kill_on_bad_exit=False),
+                timeout=min(PROBE_TIMEOUT_S, self._param("job_timeout_s", PROBE_TIMEOUT_S)),
+                check=False)
+        except _NotAllocated as why:
+            raise DoorError(f"{self.what} could not probe its nodes: {why}") from None
+        finally:
+            self.release(jobid)
+        report, facts = batch.srun_report(call.stderr), []
+        access = (f"{version}: sbatch, srun, squeue, scontrol, scancel answered; partition "
+                  f"{rows[names[0]]['partition'] if names[0] in rows else '?'}")
+        for rank, name in enumerate(names):
+            out = self.stage.rel(Path(f"{base}-node{rank}.out"))
+            probed = batch.parse_probe(self.door.read_text(f"{base}-node{rank}.out"))
+            slurm = {**rows.get(name, {}), **info.get(name, {})}
+            slurm.pop("default", None)
+            facts.append({
+                "node": name, **slurm, **probed,
+                "instance_type": next((f for f in slurm.get("features", [])
+                                       if f in INSTANCE_TYPES), None),
+                "ready": probed["probe_complete"] and batch.usable(slurm.get("slurm_state")),
+                "cluster_access": access,
+                "probe_rc": None if call.timed_out else report.get(rank, 0 if call.ok else None),
+                "evidence": [out],
+            })
+        self.last_facts = facts
+        return facts
+
+    # ---- ranks --------------------------------------------------------------------------------
+    def run_ranks(self, job: RankJob) -> list[NodeRun]:
+        """One allocation of job.nodes nodes, one step, node N running job.argv/env of rank N;
+        every node's exit code and whole output (from its --output/--error files)."""
+        python = self._python()
+        gpus = self.gpus()
+        timeout = min(float(job.timeout_s), float(self._param("job_timeout_s", job.timeout_s)))
+        try:
+            jobid = self._allocate(job.name, job.nodes, gpus)
+        except _NotAllocated as why:
+            return self._never_ran(job, str(why), why.timed_out)
+        try:
+            names, info = self._allocated_nodes(self._wait_running(jobid))
+            first = info.get(names[0], {})
+            addr = first.get("node_addr") or first.get("node_hostname") or names[0]
+            port = self.door.free_port() if _this_host(addr) else batch.RDZV_PORT
+            per_node = []
+            for rank in range(job.nodes):
+                node = NodeRank(rank, job.nodes, addr, port)
+                argv = [str(a) for a in job.argv(node)]
+                if argv and argv[0] == sys.executable:  # this machine's interpreter: the nodes'
+                    argv[0] = python
+                per_node.append((argv, job.env(node)))
+            base = str(self.stage.path(f"{batch.slug(job.name)}-{jobid}"))
+            cpus = [info[n]["slurm_cpus"] for n in names if info.get(n, {}).get("slurm_cpus")]
+            image = self._param("image", "")
+            call = self.door.run(batch.step_argv(
+                jobid=jobid, nodes=job.nodes, out_base=base,
+                time_min=self._param("time_limit_min", 60),
+                script=batch.wrapper_script(job.name, per_node, base),
+                script_name=f"guide-{batch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
+                cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus, image=image,
+                mounts=(str(self.stage.run_dir), str(REPO_ROOT)) if image else ()),
+                timeout=timeout, check=False)
+        except _NotAllocated as why:
+            return self._never_ran(job, str(why), why.timed_out)
+        finally:
+            self.release(jobid)
+        return self._node_runs(job, base, call)
+
+    def _node_runs(self, job: RankJob, base: str, call: CallResult) -> list[NodeRun]:
+        """Each node's files, read once the job has ended: its rc from the wrapper's .rc file,
+        else from srun's own report (a task killed before it could write it)."""
+        report = batch.srun_report(call.stderr)
+        srun_stream = f"calls/{self.stage.name}/{call.seq:04d}.stderr"
+        runs = []
+        for rank in range(job.nodes):
+            out = self.door.read_text(f"{base}-node{rank}.out")
+            err = self.door.read_text(f"{base}-node{rank}.err")
+            rc = batch.parse_rc(self.door.read_text(f"{base}-node{rank}.rc"))
+            if rc is None:
+                rc = report.get(rank)
+            streams = [self.stage.rel(Path(f"{base}-node{rank}.{kind}"))
+                       for kind, text in (("out", out), ("err", err)) if text is not None]
+            # a step that timed out was cancelled: a node that had not exited 0 by then timed
+            # out (its code, where the TERM trap wrote one, says how it was ended)
+            runs.append(NodeRun(rank, rc, out or "",
+                                err if err is not None else call.stderr,
+                                call.timed_out and rc != 0, streams + [srun_stream]))
+        return runs
+
+    def _never_ran(self, job: RankJob, reason: str, timed_out: bool) -> list[NodeRun]:
+        return [NodeRun(rank, None, "", reason, timed_out, []) for rank in range(job.nodes)]
+
+    # ---- one allocation -----------------------------------------------------------------------
+    def _allocate(self, label: str, nodes: int, gpus: int) -> str:
+        """Submit the allocation; its job id (cancelled at the latest when the stage ends)."""
+        call = self.door.run(batch.alloc_argv(
+            name=f"guide-{self.stage.name}-{batch.slug(label)}", nodes=nodes,
+            time_min=self._param("time_limit_min", 60), partition=self._param("partition", ""),
+            account=self._param("account", ""), gpus_per_node=gpus),
+            timeout=SUBMIT_TIMEOUT_S, check=False)
+        jobid = call.stdout.strip().split(";")[0] if call.ok else ""
+        if not jobid.isdigit():
+            raise _NotAllocated(f"sbatch refused the allocation of {nodes} node(s) (rc "
+                                f"{call.rc}): {call.stderr.strip() or call.stdout.strip()}")
+        self.jobs.append(jobid)
+        self.stage.on_exit(lambda: self.release(jobid))
+        self.stage.dir.mkdir(parents=True, exist_ok=True)  # where the nodes write their output
+        return jobid
+
+    def _wait_running(self, jobid: str) -> str:
+        """The job's nodelist once it runs; _NotAllocated when it ends first or is still not
+        running after `schedule_timeout_s` (the caller cancels it)."""
+        limit = float(self._param("schedule_timeout_s", 900.0))
+        deadline = self.door.now() + limit
+        delay, last = POLL_FIRST_S, "not yet in squeue"
+        while True:
+            call = self.door.run(batch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
+            got = batch.parse_queue(call.stdout) if call.ok else None
+            if got and got[0] == "RUNNING" and got[2]:
+                return got[2]
+            if got is None and (call.ok or "Invalid job id" in call.stderr):
+                raise _NotAllocated(f"job {jobid} left the queue before it ran ({last})")
+            if got is not None:
+                if got[0] not in STARTING and got[0] != "RUNNING":
+                    raise _NotAllocated(f"job {jobid} is {got[0]} ({got[1]}) before it ran")
+                last = f"{got[0]}, reason {got[1]}"
+            if self.door.now() > deadline:
+                raise _NotAllocated(f"job {jobid} was not running after schedule_timeout_s = "
+                                    f"{limit:g} s ({last}); cancelled", timed_out=True)
+            self.door.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def _allocated_nodes(self, nodelist: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        """The allocation's node names in node-rank order, and each one's scontrol facts."""
+        names = self._query(batch.hostnames_argv(nodelist)).stdout.split()
+        info = batch.parse_nodes(self._query(batch.show_node_argv(nodelist)).stdout)
+        if not names:
+            raise _NotAllocated(f"scontrol show hostnames {nodelist} named no node")
+        return names, info
+
+    def release(self, jobid: str) -> None:
+        """scancel the job, then wait until squeue no longer shows it (its processes are gone
+        once it has left COMPLETING). Once per job: the stage's on_exit asks again."""
+        if jobid in self._released:
+            return
+        self._released.add(jobid)
+        self.door.run(batch.cancel_argv(jobid), timeout=SUBMIT_TIMEOUT_S, check=False)
+        deadline = self.door.now() + RELEASE_TIMEOUT_S
+        delay = POLL_FIRST_S
+        while True:
+            call = self.door.run(batch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
+            if batch.parse_queue(call.stdout) is None and (call.ok or "Invalid job id"
+                                                           in call.stderr):
+                return
+            if self.door.now() > deadline:
+                return
+            self.door.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    # ---- not built here -----------------------------------------------------------------------
+    def model(self, engine: str, announce: bool = False):
+        raise Unsupported(f"{self.what} {NO_SERVE}")
+
+    def serve(self, spec: ServeSpec):
+        raise Unsupported(f"{self.what} {NO_SERVE}")
+
+    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
+        raise Unsupported(f"{self.what} {NO_SERVE}")
+
+
+def _this_host(addr: str) -> bool:
+    """Whether node 0's address is this machine's loopback (the one-host test cluster)."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False

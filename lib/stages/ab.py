@@ -71,16 +71,19 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
     if model is None:
         stage.add(skip("serving A/B", "the model could not be built"))
         return {"serving_ab": True, "skipped": "the model could not be built"}
-    gpus = place.gpus()
-
     def header(layout, order):
         print(f"serving A/B: {layout} on {gpus} GPUs, "
               f"{len(order)} cells ({repeats} repeats x concurrency {p['concurrency']} x "
               f"{len(arms)} arms x {len(shapes)} shape(s)), {sweep.requests_said(p)} requests "
               "each", flush=True)
 
-    m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, shapes,
-                        repeats, engine="vllm", header=header)
+    try:
+        gpus = place.gpus()
+        m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, shapes,
+                            repeats, engine="vllm", header=header)
+    except Unsupported as why:  # a plan: the serves rendered and checked, nothing measured
+        stage.add(skip("serving A/B", str(why)))
+        return {"serving_ab": True, "skipped": str(why)}
     if m.broken:
         return _not_measured(stage, m)
     stage.add(*serving.died_gates(stage, m))

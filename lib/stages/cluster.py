@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from lib import places
+from lib.core.errors import PlaceError
 from lib.core.evidence import gate, skip
 from lib.core.stage import Stage
 from lib.places import NodeNeeds, Unsupported
@@ -46,8 +47,8 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
                           evidence=evidence))
     elif needs.hugepages:
         gates.append(gate(name("hugepages"), False, facts["hugepages_total"], "> 0",
-                          "no hugepages allocated on the node: the EFA path (libfabric) needs "
-                          "them; pods asking hugepages-2Mi stay Pending", evidence))
+                          needs.no_hugepages or "no hugepages allocated on the node: the EFA "
+                          "path (libfabric) needs them", evidence))
     else:
         gates.append(skip("hugepages", needs.no_hugepages, evidence))
     if "cluster_access" not in facts:  # this host: which cluster clients it has
@@ -82,9 +83,9 @@ def gdrdrv_gate(facts: dict, needs: NodeNeeds, evidence: list[str], name=lambda 
         return skip("gdrdrv >= 2.5", needs.no_gdrdrv, evidence)
     if version is None:
         return gate(name("gdrdrv >= 2.5"), False, None, ">= 2.5",
-                    "gdrdrv is not loaded on the node (/sys/module/gdrdrv/version absent): "
-                    "GPUDirect RDMA over EFA needs it (2.4 breaks the combine: ANCHORS 4)",
-                    evidence)
+                    needs.no_gdrdrv or "gdrdrv is not loaded on the node (/sys/module/gdrdrv/"
+                    "version absent): GPUDirect RDMA over EFA needs it (2.4 breaks the combine: "
+                    "ANCHORS 4)", evidence)
     return gate(name("gdrdrv >= 2.5"), version[:2] >= GDRDRV_MIN, facts["gdrdrv_version"],
                 ">= 2.5", evidence=evidence)
 
@@ -109,6 +110,9 @@ def run(stage: Stage) -> dict:
         nodes = place.host_facts()
     except Unsupported as why:
         stage.add(skip("cluster probe", str(why)))
+        return {"facts": None}
+    except PlaceError as why:  # the cluster answered no: its nodes not allocated in time, ...
+        stage.add(gate("cluster probe", False, None, "every node probed", str(why)))
         return {"facts": None}
     needs = place.node_needs()
     if len(nodes) == 1 and "node" not in nodes[0]:  # this host, as one node

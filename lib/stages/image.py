@@ -362,12 +362,14 @@ def _read(stage, path: Path) -> str | None:
 
 
 def shell_scripts(stage, repo: Path) -> tuple[list[str] | None, str]:
-    """Tracked and untracked-not-ignored shell scripts (relative paths), or None and why."""
+    """Tracked and untracked-not-ignored shell scripts (relative paths), or None and why. A run's
+    evidence (results/: a plan's rendered scripts) is not the repository's code."""
     listed = stage.door.run(["git", "ls-files", "-co", "--exclude-standard", "--",
                              *SCRIPT_PATHSPECS], cwd=repo, timeout=60, check=False)
     if listed.rc != 0:
         return None, f"git ls-files exited {listed.rc}: {listed.stderr.strip()[:200]}"
-    return sorted(set(l.strip() for l in listed.stdout.splitlines() if l.strip())), ""
+    return sorted(set(l.strip() for l in listed.stdout.splitlines()
+                      if l.strip() and not l.strip().startswith("results/"))), ""
 
 
 def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,

@@ -19,7 +19,7 @@ from lib.bench import result as bench_result
 from lib.core.evidence import Gate, skip
 from lib.core.stage import Stage
 from lib.engines import deepep
-from lib.measure import testep
+from lib.measure import testep, triage
 from lib.measure.testep import first_case, parse_test_ep_text
 from lib.places import NodeRank, RankJob, Unsupported
 
@@ -27,7 +27,6 @@ CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use
 GPU_HIDDEN = 7168
 TORCHRUN_TIMEOUT_S = 600
 TEST_EP_TIMEOUT_S = 900
-TEST_EP_TRANSPORT = "intranode_nvlink"  # one machine: GIN off, NCCL 2.30.4 preloaded
 
 
 def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
@@ -48,12 +47,12 @@ def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
     }
 
 
-def torchrun_argv(cfg: dict, node: NodeRank, out: str) -> list[str]:
+def torchrun_argv(cfg: dict, node: NodeRank, out: str, python: str = sys.executable) -> list[str]:
     """torchrun of the benchmark on one node; several nodes rendezvous on node 0's port."""
     nodes = ([] if node.nodes == 1 else
              [f"--nnodes={node.nodes}", f"--node-rank={node.rank}"])
     return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg['nproc']}",
+        python, "-m", "torch.distributed.run", f"--nproc-per-node={cfg['nproc']}",
         *nodes, f"--master-addr={node.master_addr}", f"--master-port={node.port}",
         "-m", "lib.bench.moe_a2a",
         "--num-tokens", cfg["num_tokens"], "--hidden", cfg["hidden"], "--num-topk",
@@ -69,13 +68,16 @@ def run_bench(stage: Stage, cfg: dict, name: str) -> tuple[dict | None, list[dic
     out = stage.path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     job = RankJob("the torch benchmark",
-                  argv=lambda node: torchrun_argv(cfg, node, str(out)),
+                  argv=lambda node: torchrun_argv(cfg, node, str(out),
+                                                  places.for_stage(stage).python),
                   env=lambda node: {"OMP_NUM_THREADS": "1", "MASTER_ADDR": node.master_addr},
                   timeout_s=TORCHRUN_TIMEOUT_S, nodes=stage["nodes"])
     runs = places.for_stage(stage).run_ranks(job)
-    call = runs[0]  # the node that writes the result (rank 0's)
+    # the first node that failed, else node 0 (it writes the result); every node's output kept
+    call = next((r for r in runs if r.rc != 0 or r.timed_out), runs[0])
     result = json.loads(out.read_text()) if out.exists() else None
-    evidence = ([stage.rel(out)] if out.exists() else []) + call.streams
+    streams = list(dict.fromkeys(s for r in runs for s in r.streams))
+    evidence = ([stage.rel(out)] if out.exists() else []) + streams
     return result, bench_result.gates_from_result(result, call.rc, call.stderr, evidence)
 
 
@@ -84,48 +86,62 @@ def run(stage: Stage) -> dict:
     try:
         gpus = place.gpus()
         cfg = bench_config(stage, gpus)
-        ranks = (f"{cfg['nproc']} ranks" if stage["nodes"] == 1 else
-                 f"{stage['nodes']} nodes x {cfg['nproc']} ranks")
-        print(f"torchrun: {ranks} on {cfg['backend']}, {cfg['num_tokens']} tokens x "
-              f"hidden {cfg['hidden']}, top-{cfg['num_topk']} of {cfg['num_experts']} experts, "
-              f"{cfg['num_comms']} communicator(s)", flush=True)
-        result, gates = run_bench(stage, cfg, "result.json")
+        if place.shares_files:  # the benchmark's result JSON lands in the stage folder
+            ranks = (f"{cfg['nproc']} ranks" if stage["nodes"] == 1 else
+                     f"{stage['nodes']} nodes x {cfg['nproc']} ranks")
+            print(f"torchrun: {ranks} on {cfg['backend']}, {cfg['num_tokens']} tokens x "
+                  f"hidden {cfg['hidden']}, top-{cfg['num_topk']} of {cfg['num_experts']} "
+                  f"experts, {cfg['num_comms']} communicator(s)", flush=True)
+            result, gates = run_bench(stage, cfg, "result.json")
+            stage.add(*[Gate(**g) for g in gates])
+        else:
+            result = None
+            stage.add(skip("the torch benchmark", f"{place.what}: its result file would not "
+                           "come back (no file system shared with this machine); DeepEP's own "
+                           "test_ep is the kernel test here"))
     except Unsupported as why:
         stage.add(skip("test_ep via torchrun", str(why)))
         return {"result": None}
-    stage.add(*[Gate(**g) for g in gates])
     if gpus < 2:
         stage.add(skip("DeepEP test_ep (GPU)", f"{gpus} GPU(s) here: DeepEP's own test_ep needs "
                        "2 or more GPUs; the torch benchmark above is this machine's measurement"))
         return {"result": result, "config": cfg}
     data = {"result": result, "config": cfg}
-    if stage["deepep_dir"]:  # on a GPU machine without a DeepEP build: the torch benchmark only
+    if place.deepep_dir():  # on a GPU machine without a DeepEP build: the torch benchmark only
         data["test_ep"] = run_test_ep_beside_bench(stage, cfg, result)
     return data
 
 
 def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
     """DeepEP's own tests/elastic/test_ep.py at `num_tokens` (one process per node; it spawns a
-    rank per GPU), correctness on, over NVLink with GIN off (lib.engines.transport
-    intranode_nvlink)."""
-    tests_dir = Path(stage["deepep_dir"]) / "tests" / "elastic"
-    argv = deepep.test_ep_argv(python=sys.executable, tests_dir=tests_dir,
+    rank per GPU), correctness on, over the place's transport (lib.engines.transport: EFA on a
+    cluster, where the published contract gates the p50; NVLink with GIN off on one machine)."""
+    place = places.for_stage(stage)
+    tests_dir = Path(place.deepep_dir()) / "tests" / "elastic"
+    argv = deepep.test_ep_argv(python=place.python, tests_dir=tests_dir,
                                num_processes=cfg["nproc"], num_tokens=num_tokens,
                                hidden=cfg["hidden"], num_topk=cfg["num_topk"],
                                num_experts=cfg["num_experts"])
     job = RankJob(f"test_ep at {num_tokens} tokens", argv=lambda node: argv,
                   env=lambda node: deepep.test_ep_env(
                       nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
-                      rdzv_port=node.port, transport=TEST_EP_TRANSPORT,
-                      nccl_site=stage["nccl_site"], deepep_dir=stage["deepep_dir"],
+                      rdzv_port=node.port, transport=place.transport,
+                      nccl_site=place.nccl_site(),
+                      deepep_dir=place.deepep_dir() if place.nccl_site() else None,
                       inherited_pythonpath=os.environ.get("PYTHONPATH")),
                   timeout_s=TEST_EP_TIMEOUT_S, nodes=stage["nodes"])
-    call = places.for_stage(stage).run_ranks(job)[0]
-    streams = call.streams
-    text = call.stdout + "\n" + call.stderr
-    gates = testep.gates_from_test_ep(text, None if call.timed_out else call.rc,
-                                      num_ranks=cfg["nproc"], evidence=streams,
-                                      transport=TEST_EP_TRANSPORT)
+    runs = place.run_ranks(job)
+    streams = [s for run in runs for s in run.streams]
+    text = "\n".join(run.stdout + "\n" + run.stderr for run in runs)
+    rc = runs[0].rc if len(runs) == 1 else {f"node {r.rank}": r.rc for r in runs}
+    gates = testep.gates_from_test_ep(
+        text, None if len(runs) == 1 and runs[0].timed_out else rc,
+        num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=place.transport,
+        dc_p50_max_us=testep.CONTRACT_DC_P50_US if place.transport == "efa" else None)
+    if any(r.rc not in (0, None) or r.timed_out for r in runs) and len(runs) > 1:
+        gates.append(triage.triage_gate({stream: run.stdout + run.stderr
+                                         for run, stream in zip(runs, streams)},
+                                        evidence=streams))
     try:
         case = first_case(parse_test_ep_text(text, source=streams[0]))
     except ValueError:
@@ -137,10 +153,14 @@ def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> li
     """Per token count: test_ep, then the torch benchmark and its floor at the same shape (the
     run at cfg's own token count is reused). Gates prefixed 'test_ep <T> tokens: '."""
     rows = []
+    shares_files = places.for_stage(stage).shares_files
     for tokens in stage["test_ep_tokens"]:
-        case, gates = run_test_ep(stage, cfg, tokens)
+        try:
+            case, gates = run_test_ep(stage, cfg, tokens)
+        except Unsupported as why:  # a plan: rendered and checked, not run
+            case, gates = None, [skip("test_ep run", str(why)).as_dict()]
         stage.add(*[Gate(**{**g, "gate": f"test_ep {tokens} tokens: {g['gate']}"}) for g in gates])
-        if tokens == cfg["num_tokens"]:
+        if tokens == cfg["num_tokens"] or not shares_files:
             bench = result
         else:
             bench, bench_gates = run_bench(stage, {**cfg, "num_tokens": tokens},

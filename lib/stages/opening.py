@@ -42,12 +42,11 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         engine = (recorded_engine(resolve_path(replay_of), name) if replay_of
                   else places.engine_default(resolved))
         resolved = registry.resolve(name, {**given, "engine": engine})
+    plan = resolved["context"] == "plan" and registry.SPECS[name].uses_place
     if replay_of:
-        stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS)
+        stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS, plan=plan)
     else:
-        stage = open_record(name, resolved, write_run_json,
-                            plan=resolved["context"] == "plan"
-                            and registry.SPECS[name].uses_place)
+        stage = open_record(name, resolved, write_run_json, plan=plan)
     atexit.register(stage.close_resources)
     print(f"{name} · context {stage.context} · run {stage.run_id}")
     return stage

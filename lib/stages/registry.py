@@ -138,6 +138,11 @@ _PARAMS = [
     Param("model_revision", "'' or a 40-hex commit", optional(matching(
           __import__("re").compile(r"^[0-9a-f]{40}$"))), _cluster(_MODEL_PIN["revision"]),
           "the model's revision (pins.yaml `model`)"),
+    Param("model_cache_dir", "'' or an absolute path on the nodes",
+          optional(lambda v: v if str(v).startswith("/") and "\x00" not in v
+                   and ".." not in v else _bad()), {"*": ""},
+          "kube: where the nodes keep model weights, on their NVMe instance storage (a hostPath;"
+          " not a per-pod emptyDir on the root volume); required to serve on kube"),
     Param("hf_token_secret", "'' or a Kubernetes Secret name (DNS-1123 label)",
           optional(matching(DNS1123_LABEL)), {"*": ""},
           "kube: the Secret holding HF_TOKEN (key 'token'); a token value is never a parameter"),
@@ -215,8 +220,8 @@ COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", 
 PLACE = ("plan_for", "instance_type", "efa_per_node", "image", "venv", "partition", "account",
          "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
-         "deepep_dir", "model", "model_revision", "hf_token_secret", "workload", "enforce_eager",
-         "num_comms")
+         "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret", "workload",
+         "enforce_eager", "num_comms")
 TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests",
            "warmup_full_batch", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",

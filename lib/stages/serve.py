@@ -50,26 +50,30 @@ def run(stage: Stage) -> dict[str, Any]:
                             "model_dir": stage.door.norm(model["model_dir"])}
     if engine == "vllm":
         return run_vllm(stage, place, model, data)
-    with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"])) as server:
-        data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
-                    log=stage.rel(server.log_path))
-        if server.ready:
-            answers(stage, server, model, data)
-            data.update(rss_bytes=place.server_rss(server))
-        else:
-            stage.add(*serve.skip_gates(READY_GATES, "the server is not ready (see the gate "
-                                                     "'server ready')"))
+    try:
+        with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"])) as server:
+            data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
+                        log=stage.rel(server.log_path))
+            if server.ready:
+                answers(stage, place, server, model, data)
+                data.update(rss_bytes=place.server_rss(server))
+            else:
+                stage.add(*serve.skip_gates(READY_GATES, "the server is not ready (see the "
+                                                         "gate 'server ready')"))
+    except Unsupported as why:  # a plan: the serve rendered and checked, not started
+        stage.add(*[skip(name, str(why)) for name in CLUSTER_GATES])
+        data["skipped"] = str(why)
     return data
 
 
-def answers(stage: Stage, server, model: dict[str, Any], data: dict[str, Any]) -> None:
+def answers(stage: Stage, place, server, model: dict[str, Any], data: dict[str, Any]) -> None:
     """What a ready server must answer, whatever the engine: /v1/models lists the model, its
     config is an MoE, a chat request answers with content and usage."""
     listed, body = serve.models_gate(stage, server)
     stage.add(listed)
     if body is not None:
         stage.write_json("models_response.json", body)
-    config, saved = serve.read_model_config(stage, model["model_dir"])
+    config, saved = place.read_model_config(server, model)
     stage.add(serve.moe_gate(config, saved, data["model_dir"]))
     chat, answer = serve.chat_gate(stage, server)
     stage.add(chat)
@@ -80,21 +84,26 @@ def answers(stage: Stage, server, model: dict[str, Any], data: dict[str, Any]) -
 def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """vLLM on the place's GPUs: DP = the GPUs, expert parallelism on, the backend asked for
     (argv and env from lib.engines.vllm_args, the one builder)."""
-    gpus = place.gpus()
     backend = stage["all2all_backend"]
-    data.update(gpus=gpus, backend=backend)
-    with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
-                               timeout_s=stage["server_timeout_s"], gpus=gpus)) as server:
-        data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
-                    log=stage.rel(server.log_path), startup_s=server.startup_s,
-                    argv=[stage.door.norm(a) for a in server.argv], env=server.env,
-                    backend_gates=[g["gate"] + ": " + g["status"]
-                                   for g in server.backend_gates])
-        if server.ready:
-            answers(stage, server, model, data)
-        else:
-            stage.add(*serve.skip_gates(READY_GATES, "vLLM is not ready (see the gate 'server "
-                                                     "ready')"))
+    try:
+        gpus = place.gpus()
+        data.update(gpus=gpus, backend=backend)
+        with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
+                                   timeout_s=stage["server_timeout_s"], gpus=gpus)) as server:
+            data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
+                        log=stage.rel(server.log_path), startup_s=server.startup_s,
+                        argv=[stage.door.norm(a) for a in server.argv], env=server.env,
+                        backend_gates=[g["gate"] + ": " + g["status"]
+                                       for g in server.backend_gates])
+            if server.ready:
+                answers(stage, place, server, model, data)
+            else:
+                stage.add(*serve.skip_gates(READY_GATES, "vLLM is not ready (see the gate 'server "
+                                                         "ready')"))
+    except Unsupported as why:  # a plan: the serve rendered and checked, not started
+        stage.add(*[skip(name, str(why)) for name in CLUSTER_GATES])
+        data["skipped"] = str(why)
+        return data
     stage.write_json("vllm_serve.json", {k: data.get(k) for k in (
         "gpus", "backend", "argv", "env", "ready_s", "startup_s", "backend_gates")})
     return data

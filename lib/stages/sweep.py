@@ -81,8 +81,12 @@ def run(stage: Stage) -> dict[str, Any]:
 
     arm = serving.Arm("vLLM" if engine == "vllm" else engine, engine)
     shape = serving.traffic_shapes(p, prefill=False)
-    m = serving.measure(stage, ab.arm_servers(stage, place, model, engine, None), (arm,), shape,
-                        p["repeats"], engine=engine, memory=True, header=header)
+    try:
+        m = serving.measure(stage, ab.arm_servers(stage, place, model, engine, None), (arm,),
+                            shape, p["repeats"], engine=engine, memory=True, header=header)
+    except Unsupported as why:  # a plan: the serve rendered and checked, nothing measured
+        stage.add(*sweep.skip_cells(cells, engine, str(why)))
+        return {"skipped": str(why)}
     if m.broken:
         reason = broken_reason(m.broken[0][2])
         stage.add(*sweep.skip_cells(cells, engine, reason))

@@ -1,0 +1,591 @@
+"""lib.places.manifests: the kube place's objects, checked by the real tools.
+
+- kubernetes-validate --strict (the real binary of this environment) at the module's version:
+  every rendered object passes, a misspelled field fails;
+- real bash runs the serve's entrypoint for ordinals 0 and 1 with a fake `vllm`/`python3` first
+  on PATH that prints its argv, and the worker probe in its own PID namespace;
+- real sh runs the node probe over a fake host tree and this machine's own, and the AIPerf
+  job's script with a fake AIPerf, whose printed artifacts come back through stream.unpack;
+- shellcheck on every embedded script;
+- where the test control plane is built (tests/kubeplane.py, Kubernetes 1.20.2): kubectl apply
+  --dry-run=server of the Services, StatefulSet, Pods and Job, a GPU request != limit refused
+  by it, and the HTTP Service's selector against the pods the real StatefulSet controller makes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubeplane import kube_plane, plane_unavailable_reason  # noqa: F401 - the fixture
+from lib.core.errors import ParameterError
+from lib.engines.vllm_args import CLI_MODULE
+from lib.places import manifests as mf
+from lib.places import stream
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+IMAGE = "registry.example/guide/deepep-v2-efa@sha256:" + "5e" * 32
+TAGGED = "registry.example/guide/deepep-v2-efa:pins-0123456789ab"
+RUN = "run-20261201-a"
+NS = mf.DEFAULT_NAMESPACE
+SERVE = dict(run_id=RUN, image=IMAGE, model_cache_dir="/mnt/nvme/hf-cache",
+             hf_token_secret="hf-token")
+NODES = ("ip-10-1-2-3.ec2.internal", "ip-10-1-2-4.ec2.internal")
+
+
+def tool(name: str) -> str:
+    """The real binary: this environment's (requirements.txt), else PATH's."""
+    path = BIN / name
+    found = str(path) if os.access(path, os.X_OK) else shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed: pip install -r requirements.txt", pytrace=False)
+    return found
+
+
+def aiperf_argv(url: str) -> list[str]:
+    return ["aiperf", "profile", "--url", url, "--model", "Qwen/Qwen3-30B-A3B-FP8",
+            "--artifact-dir", f"{mf.ARTIFACT_ROOT}/aiperf", "--concurrency", "8"]
+
+
+def kernel_objects(**kw) -> list[dict]:
+    return mf.kernel_test_objects(run_id=RUN, image=IMAGE, nodes=2,
+                                  tests_dir="/opt/DeepEP/tests/elastic", num_tokens=128,
+                                  hidden=7168, num_topk=8, num_experts=256, **kw)
+
+
+def everything() -> dict[str, list[dict]]:
+    """Every kind of rendering, by what it is."""
+    return {
+        "statefulset": mf.vllm_objects(**SERVE),
+        "leaderworkerset": mf.leaderworkerset_objects(**SERVE),
+        "allgather": mf.vllm_objects(**{**SERVE, "backend": "allgather_reducescatter",
+                                        "image": TAGGED, "hf_token_secret": None,
+                                        "python": "/usr/bin/python3", "enforce_eager": False}),
+        "kernel": kernel_objects(timeout_s=1800),
+        "probes": [mf.node_probe_pod(run_id=RUN, node=n, image=IMAGE) for n in NODES],
+        "aiperf": [mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv)],
+    }
+
+
+def all_objects() -> list[dict]:
+    return [o for objs in everything().values() for o in objs]
+
+
+def containers(objects):
+    for where, spec in mf.pod_specs(objects):
+        for c in spec["containers"]:
+            yield where, spec, c
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def matches(selector: dict, pod_labels: dict) -> bool:
+    return all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+# ---- labels -----------------------------------------------------------------------------------
+def test_labels_carry_the_run_and_a_long_run_id_becomes_a_valid_value():
+    assert mf.labels(RUN, "04_serve", "serve") == {
+        mf.RUN_LABEL: RUN, mf.STAGE_LABEL: "04_serve", mf.ROLE_LABEL: "serve"}
+    assert mf.run_selector(RUN) == f"guide.repro/run={RUN}"
+    long_id, other = "a" * 64, "a" * 63 + "b"
+    for rid in (long_id, other, "run.", "run_", "x" * 40 + "-" * 23 + "y"):
+        value = mf.run_label_value(rid)
+        assert len(value) <= 63 and mf.LABEL_VALUE_RULE.match(value), (rid, value)
+        assert value == mf.run_label_value(rid)  # deterministic
+    assert mf.run_label_value(long_id) != mf.run_label_value(other)
+    assert mf.run_label_value("run.").startswith("run-")
+    for bad in ("", "-run", "a..b", "a/b", "a" * 65):
+        with pytest.raises(ParameterError):
+            mf.run_label_value(bad)
+    with pytest.raises(ParameterError):
+        mf.labels(RUN, "04 serve", "serve")
+    for obj in all_objects():
+        assert obj["metadata"]["labels"][mf.RUN_LABEL] == RUN, obj["metadata"]["name"]
+
+
+# ---- kubernetes-validate ----------------------------------------------------------------------
+def validate(path: Path) -> subprocess.CompletedProcess:
+    argv = mf.validate_argv([path])
+    return subprocess.run([tool(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60)
+
+
+def test_every_object_passes_kubernetes_validate_strict(tmp_path):
+    objects = all_objects()
+    path = tmp_path / "all.yaml"
+    path.write_text(mf.to_yaml(objects))
+    assert mf.to_yaml(objects) == path.read_text()  # stable
+    assert list(yaml.safe_load_all(path.read_text())) == objects  # round trip
+    proc = validate(path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    builtin = [o for o in objects if o["kind"] != "LeaderWorkerSet"]
+    passed = [line for line in out.splitlines() if " passed for resource " in line]
+    assert len(passed) == len(builtin), out
+    assert all(f"against version {mf.KUBE_VERSION}" in line for line in passed)
+    # The custom resource is skipped, not checked: its structure is tested below.
+    assert "Couldn't find schema for kind LeaderWorkerSet" in out
+
+
+@pytest.mark.parametrize("where", ["container", "statefulset"])
+def test_a_misspelled_field_fails_kubernetes_validate_strict(tmp_path, where):
+    objects = mf.vllm_objects(**SERVE)
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    if where == "container":
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        c["resourses"] = c.pop("resources")
+        wrong = "resourses"
+    else:
+        sts["spec"]["podManagmentPolicy"] = sts["spec"].pop("podManagementPolicy")
+        wrong = "podManagmentPolicy"
+    path = tmp_path / "bad.yaml"
+    path.write_text(mf.to_yaml(objects))
+    proc = validate(path)
+    assert proc.returncode != 0
+    assert f"'{wrong}' was unexpected" in proc.stdout + proc.stderr
+
+
+def test_validate_argv_names_the_strict_check_and_refuses_a_version_not_bundled():
+    assert mf.validate_argv(["a.yaml", Path("b.yaml")]) == [
+        "kubernetes-validate", "--strict", "-k", mf.KUBE_VERSION, "a.yaml", "b.yaml"]
+    assert mf.KUBE_VERSION >= "1.32"
+    for bad in ("1.24", "2.0", "latest"):
+        with pytest.raises(ParameterError):
+            mf.validate_argv(["a.yaml"], bad)
+
+
+# ---- the serve's entrypoint, run by bash ------------------------------------------------------
+FAKE = """#!{python}
+import json, os, sys
+print(json.dumps({{"argv": [os.path.basename(sys.argv[0])] + sys.argv[1:],
+                  "ibgda": os.environ.get("NVSHMEM_IB_ENABLE_IBGDA"),
+                  "ep_num_comms": os.environ.get("EP_NUM_COMMS"),
+                  "hf_home": os.environ.get("HF_HOME")}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_bin(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fakebin")
+    for name in ("vllm", "python3"):
+        (d / name).write_text(FAKE.format(python=sys.executable))
+        (d / name).chmod(0o755)
+    return d
+
+
+def serve_container(objects) -> dict:
+    return next(c for _, _, c in containers(objects))
+
+
+def run_entrypoint(script: str, container: dict, fake_bin: Path, **env) -> subprocess.CompletedProcess:
+    full = {**env_of(container), "PATH": f"{fake_bin}:/usr/bin:/bin",
+            "NVSHMEM_IB_ENABLE_IBGDA": "1", **env}
+    return subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True,
+                          timeout=30)
+
+
+def pairs(argv: list[str]) -> list[tuple[str, str]]:
+    return list(zip(argv, argv[1:]))
+
+
+@pytest.mark.parametrize("python", [None, "python3"])
+def test_the_entrypoint_execs_the_leader_on_0_and_a_headless_worker_on_1(fake_bin, python):
+    params = {**SERVE, "ep_num_comms": 8, "python": python}
+    container = serve_container(mf.vllm_objects(**params))
+    script = container["command"][2]
+    assert container["command"][:2] == ["bash", "-c"]
+    assert script == mf.entrypoint_script(**params)
+    seen = {}
+    for ordinal in (0, 1):
+        proc = run_entrypoint(script, container, fake_bin, HOSTNAME=f"vllm-{ordinal}")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert out["ibgda"] is None  # the transport's unset variable is removed
+        assert out["ep_num_comms"] == "8" and out["hf_home"] == mf.MODEL_CACHE_PATH
+        argv = out["argv"]
+        program = ["vllm", "serve"] if python is None else ["python3", "-m", CLI_MODULE, "serve"]
+        assert argv[:len(program) + 1] == program + ["Qwen/Qwen3-30B-A3B-FP8"]
+        for flag in ("--all2all-backend", "--enable-expert-parallel"):
+            assert flag in argv
+        assert ("--all2all-backend", "deepep_v2") in pairs(argv)
+        assert {("--data-parallel-size", "16"), ("--data-parallel-size-local", "8"),
+                ("--data-parallel-address", "vllm-0.vllm.deepep-repro.svc"),
+                ("--data-parallel-rpc-port", str(mf.DP_RPC_PORT)),
+                ("--revision", "d206ba732169f29bb77fbf80fc2c4b81d4d30782")} <= set(pairs(argv))
+        assert "--enforce-eager" in argv
+        seen[ordinal] = argv
+        assert (argv, env_of(container)["EP_NUM_COMMS"]) == (mf.serve_argv(ordinal, **params)[0], "8")
+    assert ("--data-parallel-start-rank", "0") in pairs(seen[0]) and ("--port", "8000") in pairs(seen[0])
+    assert "--headless" not in seen[0]
+    assert "--headless" in seen[1] and ("--data-parallel-start-rank", "8") in pairs(seen[1])
+    assert "--port" not in seen[1]
+
+
+def test_the_entrypoint_refuses_a_hostname_or_ordinal_it_does_not_serve(fake_bin):
+    container = serve_container(mf.vllm_objects(**SERVE))
+    script = container["command"][2]
+    for host in ("vllm-2", "ip-10-1-2-3", "other-0", "vllm-x"):
+        proc = run_entrypoint(script, container, fake_bin, HOSTNAME=host)
+        assert proc.returncode == 64 and not proc.stdout.strip().startswith("{"), host
+        assert "guide-entrypoint" in proc.stderr
+
+
+def test_the_leaderworkerset_renders_the_same_serve(fake_bin):
+    objects = mf.leaderworkerset_objects(**SERVE)
+    http, lws = objects
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2 and lws["spec"]["replicas"] == 1
+    leader_t, worker_t = lwt["leaderTemplate"], lwt["workerTemplate"]
+    assert matches(http["spec"]["selector"], leader_t["metadata"]["labels"])
+    assert not matches(http["spec"]["selector"], worker_t["metadata"]["labels"])
+    leader_c, worker_c = leader_t["spec"]["containers"][0], worker_t["spec"]["containers"][0]
+    assert leader_c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert "[v]llm serve" in worker_c["readinessProbe"]["exec"]["command"][2]
+    for container, index, want in ((leader_c, "0", 0), (worker_c, "1", 1)):
+        proc = run_entrypoint(container["command"][2], container, fake_bin, LWS_WORKER_INDEX=index)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.splitlines()[-1])["argv"][1:] == mf.serve_argv(want, **SERVE)[0][1:]
+    # the leader's template does not run a worker, nor the worker's the leader
+    assert run_entrypoint(leader_c["command"][2], leader_c, fake_bin, LWS_WORKER_INDEX="1").returncode == 64
+    assert run_entrypoint(worker_c["command"][2], worker_c, fake_bin, LWS_WORKER_INDEX="0").returncode == 64
+
+
+# ---- shellcheck -------------------------------------------------------------------------------
+def test_every_embedded_script_is_shellcheck_clean(tmp_path):
+    scripts = mf.embedded_scripts(all_objects())
+    shells = {s["shell"] for s in scripts}
+    assert shells == {"bash", "sh"}
+    wheres = " ".join(s["where"] for s in scripts)
+    for part in ("StatefulSet/vllm/vllm/command", "readinessProbe", "Job/aiperf", "Pod/guide-probe"):
+        assert part in wheres
+    unique = {(s["shell"], s["script"]) for s in scripts}
+    files = []
+    for i, (shell, script) in enumerate(sorted(unique)):
+        f = tmp_path / f"s{i}.{shell}"
+        f.write_text(script)
+        files.append((shell, f))
+    for shell in ("bash", "sh"):
+        batch = [str(f) for s, f in files if s == shell]
+        proc = subprocess.run([tool("shellcheck"), "-s", shell, *batch], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- what the objects hold ----------------------------------------------------------------------
+def test_the_http_service_selects_only_pod_0():
+    headless, http, sts = mf.vllm_objects(**{**SERVE, "nodes": 4})
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    assert [p["port"] for p in headless["spec"]["ports"]] == [mf.DP_RPC_PORT]  # not 8000
+    assert [p["port"] for p in http["spec"]["ports"]] == [8000]
+    assert sts["spec"]["replicas"] == 4 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    template = sts["spec"]["template"]["metadata"]["labels"]
+    assert matches(sts["spec"]["selector"]["matchLabels"], template)
+    # the labels the StatefulSet controller gives each pod: the template's and its pod name
+    pods = [{**template, mf.POD_NAME_LABEL: f"vllm-{o}"} for o in range(4)]
+    assert [matches(http["spec"]["selector"], p) for p in pods] == [True, False, False, False]
+    assert all(matches(headless["spec"]["selector"], p) for p in pods)
+
+
+def test_requests_equal_limits_on_every_container():
+    for where, spec, c in containers(all_objects()):
+        res = c["resources"]
+        assert res["requests"] == res["limits"], where
+        assert {"cpu", "memory"} <= set(res["requests"]), where  # Guaranteed QoS
+    for name in ("statefulset", "leaderworkerset", "kernel"):
+        for where, spec, c in containers(everything()[name]):
+            req = c["resources"]["requests"]
+            assert (req[mf.GPU_RESOURCE], req[mf.EFA_RESOURCE], req[mf.HUGEPAGES_RESOURCE]) \
+                == ("8", "16", mf.HUGEPAGES_2MI), where
+            assert spec["nodeSelector"] == {mf.INSTANCE_TYPE_LABEL: "p5en.48xlarge"}
+            rule = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert rule[0]["topologyKey"] == "kubernetes.io/hostname"
+            shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+            assert shm["emptyDir"]["medium"] == "Memory"
+    p5 = serve_container(mf.vllm_objects(**{**SERVE, "instance_type": "p5.48xlarge"}))
+    assert p5["resources"]["limits"][mf.EFA_RESOURCE] == "32"
+
+
+def test_privileged_only_for_gdrcopy_with_its_reason_and_no_capabilities():
+    kinds = everything()
+    for name, objects in kinds.items():
+        for where, spec, c in containers(objects):
+            sc = c.get("securityContext", {})
+            kind, name_, *rest = where.split("/")
+            obj = next(o for o in objects if (o["kind"], o["metadata"]["name"]) == (kind, name_))
+            pod_meta = obj["metadata"] if obj["kind"] == "Pod" else (
+                obj["spec"]["template"]["metadata"] if "template" in obj["spec"] else
+                obj["spec"]["leaderWorkerTemplate"][rest[0]]["metadata"])
+            annotations = pod_meta.get("annotations", {})
+            if sc.get("privileged"):
+                assert name in ("statefulset", "leaderworkerset", "kernel"), where
+                assert annotations[mf.PRIVILEGED_WHY_ANNOTATION] == mf.PRIVILEGED_WHY
+                assert "gdr_open" in mf.PRIVILEGED_WHY and "EPERM" in mf.PRIVILEGED_WHY
+                assert "capabilities" not in sc, where
+            else:
+                assert mf.PRIVILEGED_WHY_ANNOTATION not in annotations, where
+    assert not serve_container(kinds["allgather"])["securityContext"].get("privileged")
+    probe = kinds["probes"][0]
+    c = probe["spec"]["containers"][0]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["runAsNonRoot"] and not c["securityContext"]["allowPrivilegeEscalation"]
+    assert all(m["readOnly"] for m in c["volumeMounts"])
+    assert probe["spec"]["nodeName"] == NODES[0] and probe["spec"]["restartPolicy"] == "Never"
+
+
+def test_a_token_value_never_appears_only_the_secret_name(monkeypatch):
+    planted = "hf_PLANTED" + "q" * 30
+    monkeypatch.setenv("HF_TOKEN", planted)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", planted)
+    text = mf.to_yaml(all_objects())
+    assert planted not in text
+    c = serve_container(mf.vllm_objects(**SERVE))
+    token = [e for e in c["env"] if e["name"] == "HF_TOKEN"]
+    assert token == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "hf-token", "key": "token", "optional": False}}}]
+    assert not [e for e in serve_container(everything()["allgather"])["env"]
+                if e["name"] == "HF_TOKEN"]  # no secret named: no HF_TOKEN at all
+    with pytest.raises(ParameterError):
+        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, env={"HF_TOKEN": planted})
+    with pytest.raises(ParameterError):
+        mf.rank_objects(run_id=RUN, image=IMAGE, nodes=1, argv=lambda n: ["true"],
+                        env=lambda n: {"HF_TOKEN": planted})
+
+
+def test_three_nodes_of_the_default_model_are_refused_for_ep_divisibility():
+    with pytest.raises(ParameterError) as info:
+        mf.vllm_objects(**{**SERVE, "nodes": 3})
+    assert info.value.name == "nodes" and "EP divisibility" in str(info.value)
+    assert "128 routed experts" in str(info.value) and "1, 2, 4, 8, 16" in str(info.value)
+    with pytest.raises(ParameterError):
+        mf.leaderworkerset_objects(**{**SERVE, "nodes": 3})
+    assert len(mf.vllm_objects(**{**SERVE, "nodes": 4})) == 3
+
+
+def test_parameters_are_checked_before_anything_is_rendered():
+    bad = [dict(image="registry.example/guide:latest"), dict(image="registry.example/guide"),
+           dict(model_cache_dir="relative/dir"), dict(hf_token_secret="Bad_Name"),
+           dict(namespace="Not-A-Namespace"), dict(name="Vllm"), dict(ep_num_comms=17),
+           dict(backend="naive"), dict(instance_type="p4d.24xlarge"),
+           dict(model_revision="main")]
+    for change in bad:
+        with pytest.raises(ParameterError):
+            mf.vllm_objects(**{**SERVE, **change})
+    assert serve_container(mf.vllm_objects(**SERVE))["imagePullPolicy"] == "IfNotPresent"
+    assert serve_container(mf.vllm_objects(**{**SERVE, "image": TAGGED}))["imagePullPolicy"] == "Always"
+    with pytest.raises(ParameterError):  # contradicts the EFA contract
+        mf.rank_objects(run_id=RUN, image=IMAGE, nodes=1, argv=lambda n: ["true"],
+                        env=lambda n: {"FI_PROVIDER": "tcp"})
+
+
+def test_rank_objects_make_node_0_the_rendezvous_by_dns():
+    objects = kernel_objects()
+    service, pods = objects[0], objects[1:]
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == "test-ep"
+    for rank, pod in enumerate(pods):
+        spec = pod["spec"]
+        assert (spec["hostname"], spec["subdomain"]) == (f"test-ep-{rank}", "test-ep")
+        assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
+        c = spec["containers"][0]
+        env = env_of(c)
+        assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_PORT"]) == ("2", str(rank), str(mf.RDZV_PORT))
+        assert env["MASTER_ADDR"] == "test-ep-0.test-ep.deepep-repro.svc"
+        assert env["FI_PROVIDER"] == "efa" and env["NCCL_GIN_TYPE"] == "2"
+        assert c["command"][:3] == ["env", "-u", "NVSHMEM_IB_ENABLE_IBGDA"]
+        argv = c["command"][3:]
+        assert argv[1].endswith("tests/elastic/test_ep.py") and ("--num-processes", "8") in pairs(argv)
+        assert "--skip-check" not in argv and spec["restartPolicy"] == "Never"
+
+
+# ---- the node probe, run by sh ------------------------------------------------------------------
+def fake_host(root: Path, *, gdrdrv: str | None, devices: dict[str, str], hugepages: int) -> Path:
+    if gdrdrv is not None:
+        (root / "sys/module/gdrdrv").mkdir(parents=True)
+        (root / "sys/module/gdrdrv/version").write_text(gdrdrv + "\n")
+    for dev, driver in devices.items():
+        d = root / "sys/class/infiniband" / dev / "device"
+        d.mkdir(parents=True)
+        d.joinpath("uevent").write_text(f"DRIVER={driver}\nPCI_CLASS=20000\nPCI_ID=1D0F:EFA2\n")
+    hp = root / "sys/kernel/mm/hugepages/hugepages-2048kB"
+    hp.mkdir(parents=True)
+    (hp / "nr_hugepages").write_text(f"{hugepages}\n")
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc/meminfo").write_text(
+        "MemTotal:       2113253348 kB\n"
+        f"HugePages_Total:    {hugepages}\nHugePages_Free:     {hugepages}\n"
+        "Hugepagesize:       2048 kB\n")
+    return root
+
+
+def run_probe(host_root: str, node: str) -> subprocess.CompletedProcess:
+    pod = mf.node_probe_pod(run_id=RUN, node=node, image=IMAGE)
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:2] == ["sh", "-c"]
+    return subprocess.run(command, env={"PATH": "/usr/bin:/bin", "HOST_ROOT": host_root,
+                                        "NODE_NAME": node}, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_the_probe_prints_its_line_format_and_the_parser_reads_it(tmp_path):
+    devices = {"rdmap79s0": "efa", "rdmap80s0": "efa", "mlx5_0": "mlx5_core"}
+    root = fake_host(tmp_path / "p5en", gdrdrv="2.5", devices=devices, hugepages=2560)
+    proc = run_probe(str(root), NODES[0])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split("=")[0] for line in lines[:-1]] == [f"guide-probe {k}" for k in mf.PROBE_KEYS]
+    assert lines[-1] == "guide-probe end"
+    facts = mf.parse_probe_log(proc.stdout)
+    assert facts == {"node": NODES[0], "gdrdrv": "2.5", "efa_devices": ["rdmap79s0", "rdmap80s0"],
+                     "hugepages_total": 2560, "hugepagesize_kb": 2048, "hugepages_2mi": 2560,
+                     "complete": True}
+    # as `kubectl logs --prefix` shows it, among other lines
+    prefixed = "starting\n" + "".join(f"[pod/x/probe] {line}\n" for line in lines)
+    assert mf.parse_probe_log(prefixed) == facts
+    # a node without gdrdrv, EFA or huge pages
+    bare = fake_host(tmp_path / "bare", gdrdrv=None, devices={}, hugepages=0)
+    facts = mf.parse_probe_log(run_probe(str(bare), "n2").stdout)
+    assert (facts["gdrdrv"], facts["efa_devices"], facts["hugepages_2mi"]) == (None, [], 0)
+    # cut before its end, or two logs run together
+    assert not mf.parse_probe_log("\n".join(lines[:-1]))["complete"]
+    with pytest.raises(ValueError):
+        mf.parse_probe_log(proc.stdout + run_probe(str(bare), "n2").stdout)
+
+
+def test_the_probe_reads_this_machines_own_sys_and_meminfo():
+    proc = run_probe("/", "this-machine")
+    assert proc.returncode == 0, proc.stderr
+    facts = mf.parse_probe_log(proc.stdout)
+    assert facts["complete"] and facts["node"] == "this-machine"
+    assert isinstance(facts["hugepages_total"], int) and facts["hugepagesize_kb"] > 0
+    assert mf.probe_pod_name(NODES[0]).startswith("guide-probe-ip-10-1-2-3-ec2-internal-")
+    assert len(mf.probe_pod_name("n" * 80)) <= 63
+    assert mf.probe_pod_name(NODES[0]) != mf.probe_pod_name(NODES[1])
+
+
+# ---- the worker probe cannot match itself ---------------------------------------------------------
+def test_the_worker_probe_finds_vllm_and_never_itself():
+    argv, _ = mf.serve_argv(1, **SERVE)
+    probe = mf.worker_probe_script(argv)
+    # the same probe without the brackets: it finds itself, with no vLLM running
+    naive = probe.replace("re='[v]llm serve'", "re='vllm serve'")
+    assert naive != probe
+    # the StatefulSet's one template: on a worker's hostname, the same process check
+    either = serve_container(mf.vllm_objects(**SERVE))["readinessProbe"]["exec"]["command"][2]
+    assert "re='[v]llm serve'" in either and "/health" in either
+    inner = ("set -u\n"
+             "bash -c \"$PROBE\"; alone=$?\n"
+             "bash -c \"$NAIVE\"; naive=$?\n"
+             "(exec -a \"$FAKE_ARGV0\" sleep 20) & pid=$!\n"
+             "sleep 0.3\n"
+             "bash -c \"$PROBE\"; serving=$?\n"
+             "HOSTNAME=vllm-1 bash -c \"$EITHER\"; sts_worker=$?\n"
+             "kill \"$pid\"\n"
+             "echo \"$alone $naive $serving $sts_worker\"\n")
+    # a PID namespace of its own: no process of this shared machine can answer for vLLM
+    # (the scripts and the fake vLLM's name come through the environment: in this harness's own
+    # command line they would be a vLLM process for the probe)
+    argv_ns = ["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", inner]
+    proc = subprocess.run(argv_ns, capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "PROBE": probe, "NAIVE": naive,
+                               "EITHER": either,
+                               "FAKE_ARGV0": " ".join(argv[:3]) + " --headless"})
+    if proc.returncode and "unshare" in proc.stderr:
+        pytest.skip(f"no PID namespace here: {proc.stderr.strip()}")
+    assert proc.stdout.split() == ["1", "0", "0", "0"], proc.stdout + proc.stderr
+
+
+# ---- AIPerf -------------------------------------------------------------------------------------
+def test_the_aiperf_job_runs_once_against_the_leader_and_prints_its_artifacts(tmp_path):
+    job = mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, timeout_s=900)
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["ttlSecondsAfterFinished"], spec["activeDeadlineSeconds"]) \
+        == (0, mf.AIPERF_TTL_S, 900)
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    script = pod["containers"][0]["command"][2]
+    url = "http://vllm-http.deepep-repro.svc:8000"
+    assert url == mf.leader_url() and f"--url {url}" in script
+    assert stream.pack_command(f"{mf.ARTIFACT_ROOT}/aiperf", "aiperf") in script
+    with pytest.raises(ParameterError):  # not against the leader's Service
+        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=["aiperf", "profile", "--url", "http://x:8000"])
+    # The same script, run by sh with a fake AIPerf writing into a folder here: the files come
+    # back through the log, and AIPerf's exit code is the job's.
+    block = f"guide-test-{os.getpid()}-{time.monotonic_ns()}"
+    art = tmp_path / "art"
+    for rc in (0, 3):
+        fake = [sys.executable, "-c",
+                "import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(exist_ok=True); "
+                "(d / 'profile_export_aiperf.json').write_text('{\"ok\": 1}'); sys.exit(int(sys.argv[2]))",
+                str(art), str(rc)]
+        proc = subprocess.run(["sh", "-c", mf.aiperf_script(fake, str(art), block)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == rc, proc.stderr
+        got = stream.unpack(proc.stdout, block, tmp_path / f"back{rc}")
+        assert [p.name for p in got] == ["profile_export_aiperf.json"]
+    Path(f"/tmp/{block}.tgz").unlink(missing_ok=True)
+
+
+# ---- a real control plane (Kubernetes 1.20.2) ------------------------------------------------------
+needs_plane = pytest.mark.skipif(plane_unavailable_reason() is not None,
+                                 reason=str(plane_unavailable_reason()))
+
+
+@needs_plane
+def test_the_control_plane_accepts_them_and_refuses_a_gpu_request_unlike_its_limit(kube_plane):
+    kube_plane.create_namespace(NS)
+    kinds = everything()
+    objects = kinds["statefulset"] + kinds["kernel"] + kinds["probes"] + kinds["aiperf"]
+    proc = kube_plane.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                              input=mf.to_yaml(mf.for_kube_1_20(objects)), check=False)
+    assert proc.returncode == 0, proc.stderr
+    answered = json.loads(proc.stdout)["items"]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in answered) \
+        == sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+    # What 1.20 does with the field only kubernetes-validate checks: dropped, not refused.
+    job = kinds["aiperf"][0]
+    proc = kube_plane.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                              input=mf.to_yaml([job]))
+    assert "ttlSecondsAfterFinished" not in json.loads(proc.stdout)["spec"]
+    # A GPU request unlike its limit: the schema passes it, the API server refuses it.
+    pod = json.loads(json.dumps(kinds["kernel"][1]))
+    pod["spec"]["containers"][0]["resources"]["requests"][mf.GPU_RESOURCE] = "4"
+    proc = kube_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=mf.to_yaml([pod]),
+                              check=False)
+    assert proc.returncode != 0 and "nvidia.com/gpu" in proc.stderr and "must be equal" in proc.stderr
+
+
+@needs_plane
+def test_the_real_statefulset_controller_makes_pods_only_pod_0_serves_http(kube_plane):
+    ns = "manifests-sts"
+    kube_plane.create_namespace(ns)
+    run = "run-sts"
+    objects = mf.vllm_objects(**{**SERVE, "run_id": run, "namespace": ns, "nodes": 2})
+    kube_plane.kubectl("apply", "-f", "-", input=mf.to_yaml(objects))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            pods = kube_plane.get_json("pods", "-n", ns, "-l", mf.run_selector(run))["items"]
+            if len(pods) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert sorted(p["metadata"]["name"] for p in pods) == ["vllm-0", "vllm-1"]
+        http = objects[1]["spec"]["selector"]
+        chosen = kube_plane.get_json("pods", "-n", ns, "-l",
+                                     ",".join(f"{k}={v}" for k, v in http.items()))["items"]
+        assert [p["metadata"]["name"] for p in chosen] == ["vllm-0"]
+    finally:
+        kube_plane.kubectl("delete", "statefulset,service", "-n", ns, "-l", mf.run_selector(run),
+                           "--wait=false")
+    left = kube_plane.get_json("statefulsets,services", "-n", ns, "-l", mf.run_selector(run))
+    assert left["items"] == []

@@ -1,0 +1,322 @@
+"""The slurm place (lib.places.slurm, lib.places.batch) on a real two-node Slurm on this host
+(tests/slurmlocal.py): stage 00's probe of both nodes, stage 03's torch benchmark across them
+(gloo, one rank per node, the rendezvous on n1) and its replay, a node killed mid-run, a step
+that times out, an interrupted run; afterwards nothing of a job is queued or alive."""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lib import places
+from lib.core.door import REPO_ROOT, Door, read_transcript
+from lib.core.stage import Stage
+from lib.places import NodeNeeds, RankJob, Unsupported, batch
+from lib.places.local import LocalPlace
+from lib.places.slurm import SlurmPlace
+from lib.stages import cluster as stage00
+from lib.stages import kernel, registry
+
+try:
+    import slurmlocal
+except ImportError:  # tests/ imported as a package
+    from tests import slurmlocal
+
+SHELLCHECK = REPO_ROOT / ".venv" / "bin" / "shellcheck"
+VENV = str(REPO_ROOT / ".venv")
+needs_slurm = pytest.mark.skipif(
+    not slurmlocal.installed(),
+    reason=(f"slurm-wlm/munge not installed (missing: {', '.join(slurmlocal.missing_commands())})"
+            f"; install with {slurmlocal.INSTALL_HINT}"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One two-node Slurm for the module; its client environment (SLURM_CONF, the munge
+    socket, the LOCALSLURM_ID every process of it carries) is this process's while it runs, so
+    the door's subprocesses reach it."""
+    c = slurmlocal.LocalSlurm()
+    c.start(tmp_path_factory.mktemp("slurm"), nodes=2)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith(("SLURM_", "SBATCH_", "SRUN_",
+                                                            "SALLOC_", "SQUEUE_"))]:
+            mp.delenv(key)
+        for key, value in c.env.items():
+            if os.environ.get(key) != value:
+                mp.setenv(key, value)
+        try:
+            yield c
+        finally:
+            c.stop()
+
+
+def slurm_stage(run_dir: Path, name: str, given: dict | None = None, replay: bool = False):
+    resolved = registry.resolve(name, {"context": "slurm", "nodes": 2, **(given or {})})
+    return Stage(name, resolved, run_dir, Door(run_dir, name, replay=replay),
+                 run_dir if replay else None)
+
+
+def assert_nothing_left(cluster, pids=()):
+    """squeue empty, the given PIDs gone, and no task of a job alive (only the daemons)."""
+    assert cluster.queue() == []
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in pids if slurmlocal._alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == [], f"processes of the job still alive: {alive}"
+    daemons = set(cluster.pids.values())
+    while True:  # a slurmstepd may take a moment to exit after its job left the queue
+        others = [p for p in cluster.processes() if p not in daemons and not _is_daemon(p)]
+        if not others or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert others == [], [(p, _cmdline(p)) for p in others]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _is_daemon(pid: int) -> bool:  # slurmctld's own helper (slurmscriptd), a daemon too
+    return _cmdline(pid).startswith((b"slurmctld", b"/usr/sbin/slurm", b"/usr/sbin/munged"))
+
+
+# ---- rendering (no cluster) --------------------------------------------------------------------
+def test_scripts_pass_shellcheck_and_the_wrapper_picks_the_node_s_command(tmp_path):
+    base = str(tmp_path / "a job-7")
+    per_node = [(["printf", "%s|", "it's", "a b", "$HOME"], {"ONE": "x y", "TWO": "'q'"}),
+                (["sh", "-c", "echo node1 \"$ONE\"; exit 3"], {"ONE": "1"})]
+    wrapper = batch.wrapper_script("a job", per_node, base)
+    for name, text in (("wrapper.sh", wrapper), ("probe.sh", batch.probe_script())):
+        (tmp_path / name).write_text(text)
+        checked = subprocess.run([str(SHELLCHECK), "-s", "bash", str(tmp_path / name)],
+                                 capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    for node, (want_rc, want_out) in enumerate([(0, "it's|a b|$HOME|"), (3, "node1 1\n")]):
+        ran = subprocess.run(["bash", "-c", wrapper, "w"], capture_output=True, text=True,
+                             env={**os.environ, "SLURM_NODEID": str(node)}, timeout=30)
+        assert (ran.returncode, ran.stdout) == (want_rc, want_out)
+        assert Path(f"{base}-node{node}.rc").read_text() == f"{want_rc}\n"
+    assert subprocess.run(["bash", "-c", wrapper, "w"], capture_output=True, timeout=30,
+                          env={**os.environ, "SLURM_NODEID": "5"}).returncode == 64
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        batch.wrapper_script("x", [(["true"], {"A-B": "1"})], base)
+
+
+def test_the_image_is_rendered_as_pyxis_options():
+    argv = batch.step_argv(jobid="12", nodes=2, out_base="/fsx/run/03/bench-12", time_min=60,
+                           script="true", script_name="w", chdir="/fsx/guide", gpus_per_node=8,
+                           image="repo/guide@sha256:" + "a" * 64, mounts=("/fsx/run", "/fsx/guide"))
+    assert "--container-image=repo/guide@sha256:" + "a" * 64 in argv
+    assert "--container-mounts=/fsx/run:/fsx/run,/fsx/guide:/fsx/guide" in argv
+    assert "--container-workdir=/fsx/guide" in argv and "--gres=gpu:8" in argv
+    assert argv[-4:] == ["bash", "-c", "true", "w"]
+    assert "--output=/fsx/run/03/bench-12-node%n.out" in argv
+
+
+def test_parsers():
+    assert [batch.gres_gpus(g) for g in ("gpu:8", "gpu:h200:8(S:0-1)", "gpu:4,shard:8",
+                                          "(null)", "")] == [8, 8, 4, 0, 0]
+    assert batch.srun_report("srun: error: n2: task 1: Exited with exit code 3\n"
+                             "srun: error: n1: task 0: Terminated\n"
+                             "srun: error: n[3-4]: tasks 2-3: Killed\n") == {
+        1: 3, 0: 143, 2: 137, 3: 137}
+    rows = batch.parse_sinfo("n1|test*|idle|2|1024|(null)|(null)\n"
+                             "n1|other|idle|2|1024|(null)|(null)\nn2|test*|mixed|2|1024|gpu:8|a,b\n")
+    assert [(r["node"], r["partition"], r["default"], r["gres_gpus"], r["features"])
+            for r in rows] == [("n1", "test", True, 0, []), ("n2", "test", True, 8, ["a", "b"])]
+
+
+def test_serving_is_not_built_here(tmp_path):
+    place = SlurmPlace(slurm_stage(tmp_path, "00_cluster"))
+    with pytest.raises(Unsupported, match="does not serve yet"):
+        place.serve(None)
+    with pytest.raises(Unsupported, match="does not serve yet"):
+        place.run_job(["true"], env={}, timeout_s=1)
+    # without an image or a venv there is nothing to run ranks with, before any call
+    stage = slurm_stage(tmp_path, "03_kernel_test", {"ranks": 1})
+    with pytest.raises(Unsupported, match="`image`.*or a `venv`"):
+        SlurmPlace(stage).run_ranks(RankJob("x", lambda n: ["true"], lambda n: {}, 5, nodes=2))
+    assert read_transcript(tmp_path / "transcript.jsonl") == []
+
+
+# ---- on the two-node Slurm ---------------------------------------------------------------------
+@needs_slurm
+def test_srun_here_has_no_pyxis_so_the_image_is_checked_by_plan_only(cluster):
+    r = cluster.run("srun", "--container-image=ubuntu:22.04", "-N1", "true", check=False)
+    assert r.returncode != 0 and "unrecognized option '--container-image" in r.stderr
+
+
+@needs_slurm
+def test_stage_00_probes_both_nodes(cluster, tmp_path):
+    stage = slurm_stage(tmp_path, "00_cluster")
+    data = stage00.run(stage)
+    stage.finish()
+    place = places.for_stage(stage)
+    facts = place.last_facts
+    assert [f["node"] for f in facts] == ["n1", "n2"] == [f["probed_node"] for f in facts]
+    local = Stage("00_cluster", registry.resolve("00_cluster", {}), tmp_path / "local",
+                  Door(tmp_path / "local", "00_cluster"), None)
+    host_clients = {"kubectl_client", "docker_engine", "docker_error"}  # this machine's, no node's
+    node_keys = set(LocalPlace(local).host_facts()[0]) - host_clients
+    for node in facts:
+        assert node_keys <= set(node), node_keys - set(node)  # stage 00's gates apply
+        assert node["probe_complete"] and node["cpu_cores"] >= 1 and node["memory_gib"] > 0
+        assert (node["slurm_state"], node["gres_gpus"], node["node_addr"]) == ("idle", 0,
+                                                                             "127.0.0.1")
+        assert node["slurm_cpus"] == cluster.cpus_per_node and node["efa_devices"] == []
+        assert node["ready"] and slurmlocal.slurm_version() in node["cluster_access"]
+        assert (tmp_path / node["evidence"][0]).read_text().startswith("probe:node=")
+    gates = {g.gate: g for g in stage.gates}
+    assert data["facts"]["node"] == "n1" and gates["node facts recorded"].status == "PASS"
+    assert gates["access to the cluster"].status == "PASS"
+    assert gates["nodes of the instance type, Ready"].status == "PASS"
+    for name in ("n1", "n2"):  # every node gated; what a p5en node must have FAILs here
+        assert gates[f"{name}: CPU cores"].status == "PASS"
+        assert gates[f"{name}: EFA devices"].status == "FAIL"
+        assert gates[f"{name}: gdrdrv >= 2.5"].status == "FAIL"
+        assert gates[f"{name}: hugepages"].status == "FAIL"
+    assert place.gpus() == 0
+    needs = place.node_needs()
+    assert needs == NodeNeeds(8, 16, True, True, needs.no_gpus, needs.no_efa, needs.no_gdrdrv,
+                              needs.no_hugepages, needs.no_cluster_access)
+    assert len(place.jobs) == 1
+    assert_nothing_left(cluster)
+
+
+KERNEL = {"ranks": 1, "venv": VENV, "hidden": 64, "num_tokens": 16, "num_experts": 8,
+          "num_topk": 2, "iters": 3, "warmup": 1, "job_timeout_s": 240.0}
+
+
+@needs_slurm
+def test_stage_03_runs_across_the_two_nodes_and_replays(cluster, tmp_path):
+    stage = slurm_stage(tmp_path, "03_kernel_test", KERNEL)
+    data = kernel.run(stage)
+    table = stage.finish()
+    gates = {g.gate: g for g in stage.gates}
+    bench = [g for g in stage.gates if not g.gate.startswith("DeepEP test_ep")]
+    assert len(bench) == 6 and {g.status for g in bench} == {"PASS"}, table.to_string()
+    assert gates["DeepEP test_ep (GPU)"].status == "SKIP"  # no GPU on this host
+    assert "2/2 ranks correct" in str(gates["correctness"].observed)
+    assert gates["all ranks exited 0"].status == "PASS"
+    assert data["result"]["config"]["world_size"] == 2 and data["config"]["backend"] == "gloo"
+    # one step, node N's own argv: the rendezvous on n1 (127.0.0.1), node ranks 0 and 1
+    entries = read_transcript(tmp_path / "transcript.jsonl")
+    (step,) = [e["key"] for e in entries if e["kind"] == "run" and e["key"][0] == "srun"]
+    script = step[-2]
+    assert "--nnodes=2" in script and "--node-rank=0" in script and "--node-rank=1" in script
+    assert "--master-addr=127.0.0.1" in script and step[-1] == "guide-the-torch-benchmark"
+    assert "{repo}/.venv/bin/python" in script or "{python}" in script
+    (jobid,) = places.for_stage(stage).jobs
+    for node in (0, 1):  # each node's whole output, in the stage's folder
+        assert (stage.dir / f"the-torch-benchmark-{jobid}-node{node}.rc").read_text() == "0\n"
+    assert_nothing_left(cluster)
+    # the recorded stage replays from its transcript alone: the same gates (finish compares)
+    replay = slurm_stage(tmp_path, "03_kernel_test", KERNEL, replay=True)
+    kernel.run(replay)
+    replay.finish()
+    assert [g.as_dict() for g in replay.gates] == [g.as_dict() for g in stage.gates]
+
+
+def _sleeps(job_argv_by_rank):
+    return lambda node: job_argv_by_rank[node.rank]
+
+
+@needs_slurm
+def test_a_node_killed_mid_run_comes_back_with_its_code_and_nothing_is_left(cluster, tmp_path):
+    stage = slurm_stage(tmp_path, "03_kernel_test", {**KERNEL, "job_timeout_s": 60.0})
+    seen: dict[str, list[int]] = {}
+
+    def kill_node_2s_sleep():
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            jobs = cluster.queue()
+            if jobs:
+                pids = cluster.job_pids(jobs[0])
+                mine = [p for p in pids if _cmdline(p) == b"sleep\x0058\x00"]
+                if mine and any(_cmdline(p) == b"sleep\x0057\x00" for p in pids):
+                    seen["pids"] = pids
+                    os.kill(mine[0], 9)
+                    return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_node_2s_sleep, daemon=True)
+    killer.start()
+    job = RankJob("sleepers", argv=_sleeps({0: ["sleep", "57"], 1: ["sleep", "58"]}),
+                  env=lambda node: {"NODE": str(node.rank)}, timeout_s=60, nodes=2)
+    started = time.monotonic()
+    runs = SlurmPlace(stage).run_ranks(job)
+    killer.join(5)
+    assert seen.get("pids"), "the killer never found node 2's sleep"
+    assert time.monotonic() - started < 40  # the step ended at the kill, not at a timeout
+    assert [(r.rank, r.rc, r.timed_out) for r in runs] == [(0, 143, False), (1, 137, False)]
+    assert "SIGTERM" in runs[0].stderr  # ended by --kill-on-bad-exit, its code still recorded
+    assert runs[1].streams[0].endswith("node1.out") and runs[1].streams[-1].startswith("calls/")
+    assert_nothing_left(cluster, seen["pids"])
+
+
+@needs_slurm
+def test_a_step_that_times_out_is_cancelled(cluster, tmp_path):
+    stage = slurm_stage(tmp_path, "03_kernel_test", {**KERNEL, "job_timeout_s": 2.0})
+    job = RankJob("too long", argv=lambda node: ["sleep", "300"], env=lambda node: {},
+                  timeout_s=60, nodes=2)
+    runs = SlurmPlace(stage).run_ranks(job)
+    # the cancel kills the step (its code, where a node's TERM trap still wrote one, 143)
+    assert [r.timed_out for r in runs] == [True, True]
+    assert {r.rc for r in runs} <= {None, 143, 137}
+    assert "CANCELLED" in runs[0].stderr  # slurmstepd's word, in node 0's own .err file
+    cancels = [e["key"] for e in read_transcript(tmp_path / "transcript.jsonl")
+               if e["kind"] == "run" and e["key"][0] == "scancel"]
+    assert len(cancels) == 1
+    assert_nothing_left(cluster)
+
+
+@needs_slurm
+def test_an_interrupted_run_and_an_ended_stage_cancel_their_job(cluster, tmp_path):
+    stage = slurm_stage(tmp_path, "03_kernel_test", KERNEL)
+    place = places.for_stage(stage)
+
+    def interrupted(node):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        place.run_ranks(RankJob("interrupted", interrupted, lambda node: {}, 60, nodes=2))
+    assert_nothing_left(cluster)
+    # a job the stage still holds when it ends (pending or running) is cancelled by on_exit
+    jobid = place._allocate("held", 2, 0)
+    assert cluster.queue() == [jobid]
+    stage.close_resources()
+    assert_nothing_left(cluster)
+    assert place.jobs[-1] == jobid and len(place.jobs) == 2
+
+
+@needs_slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU devices need root (mknod)")
+def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factory, monkeypatch):
+    """A second cluster whose nodes declare Gres=gpu:2: gpus() reads it, and the allocation and
+    the probe step ask every GPU of a node (--gres=gpu:2), which this Slurm accepts."""
+    gres = slurmlocal.LocalSlurm()
+    gres.start(tmp_path_factory.mktemp("gres"), nodes=2, gres_gpus=2)
+    try:
+        for key, value in gres.env.items():
+            monkeypatch.setenv(key, value)
+        run_dir = tmp_path_factory.mktemp("run")
+        stage = slurm_stage(run_dir, "00_cluster")
+        place = places.for_stage(stage)
+        assert place.gpus() == 2
+        facts = place.host_facts()
+        assert [(f["node"], f["gres_gpus"], f["gres"]) for f in facts] == [
+            ("n1", 2, "gpu:2"), ("n2", 2, "gpu:2")]
+        calls = [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
+                 if e["kind"] == "run" and e["key"][0] in ("sbatch", "srun")]
+        assert all("--gres=gpu:2" in argv for argv in calls) and len(calls) == 2
+        assert all(f["probe_complete"] for f in facts)
+        assert_nothing_left(gres)
+    finally:
+        gres.stop()

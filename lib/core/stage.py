@@ -80,7 +80,10 @@ class Stage:
     def write_text(self, name: str, text: str) -> str:
         path = self.path(name)
         if self.replay and path.exists():
-            if path.read_text(encoding="utf-8") != text:
+            # newline="": a carriage return (a progress bar's frame in a log) stays one
+            with open(path, encoding="utf-8", newline="") as recorded:
+                same = recorded.read() == text
+            if not same:
                 raise ReplayMismatch(f"replay: {self.rel(path)} re-computed differs from the "
                                      "recorded file")
             return self.rel(path)

@@ -201,7 +201,7 @@ class KubePlace(Place):
         except NotScheduled as why:  # pinned by nodeName: only a missing node does this
             raise Unsupported(f"the node probes were not scheduled: {why}") from None
         for f, name in zip(facts, names):
-            probe = manifests.parse_probe_log(self.pod_log(name))
+            probe = manifests.parse_probe_log(self.pod_log(name, statuses.get(name)))
             f.update(probe_facts(probe))
             f["probe_exit_code"] = exit_code(statuses.get(name))
             f["evidence"] = [self.stage.rel(self.stage.path("pods", f"{name}.log"))]
@@ -253,11 +253,14 @@ class KubePlace(Place):
                 return pods
             door.sleep(POLL_S)
 
-    def pod_log(self, name: str) -> str:
-        """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder."""
+    def pod_log(self, name: str, status: dict | None = None) -> str:
+        """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder, with what its
+        status said (its node, phase, exit code and the image's pulled digest, `imageID`)."""
         call = self._run("logs", name, "--all-containers=true", timeout=KUBECTL_TIMEOUT_S)
         text = call.stdout if call.ok else ""
         self.stage.write_text(f"pods/{name}.log", text)
+        if status is not None:
+            self.stage.write_json(f"pods/{name}.status.json", pod_record(status))
         return text
 
     # ---- ranks ----------------------------------------------------------------------------
@@ -281,7 +284,7 @@ class KubePlace(Place):
                         for r in range(job.nodes)]
             runs = []
             for rank, pod in enumerate(pods):
-                text = self.pod_log(pod)
+                text = self.pod_log(pod, statuses.get(pod))
                 runs.append(NodeRun(rank, exit_code(statuses.get(pod)), text, "",
                                     not is_finished(statuses.get(pod)),
                                     [self.stage.rel(self.stage.path("pods", f"{pod}.log"))]))
@@ -361,7 +364,7 @@ class KubePlace(Place):
                 yield server
                 return
             ready = all(s and is_ready(s) for s in statuses.values())
-            logs = {pod: self.pod_log(pod) for pod in server.pods}
+            logs = {pod: self.pod_log(pod, statuses.get(pod)) for pod in server.pods}
             server.ready = ready
             server.ready_s = round(self.door.now() - started, 1) if ready else None
             evidence = [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]
@@ -373,7 +376,7 @@ class KubePlace(Place):
                 server.backend_gates = serve_gates(
                     logs[server.pods[0]], logs, backend=spec.backend, dp_size=server.gpus,
                     num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
-                    log_name=evidence[0], evidence=evidence)
+                    api_servers=gpus, log_name=evidence[0], evidence=evidence)
                 for g in server.backend_gates:
                     add(g)
             yield server
@@ -455,6 +458,18 @@ def probe_facts(probe: dict) -> dict[str, Any]:
             "probe_complete": bool(probe.get("complete"))}
 
 
+def pod_record(pod: dict | None) -> dict[str, Any]:
+    """What a pod's status says, as evidence: its node, phase, and per container the exit code
+    and the image's pulled digest (imageID)."""
+    status = (pod or {}).get("status") or {}
+    return {"node": ((pod or {}).get("spec") or {}).get("nodeName"),
+            "phase": status.get("phase"),
+            "containers": [{"name": c.get("name"), "image": c.get("image"),
+                            "image_id": c.get("imageID"),
+                            "exit_code": ((c.get("state") or {}).get("terminated") or {}).get(
+                                "exitCode")} for c in status.get("containerStatuses") or []]}
+
+
 def unschedulable(pod: dict) -> str | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
@@ -486,15 +501,17 @@ def exit_code(pod: dict | None) -> int | None:
 
 
 def serve_gates(leader: str, logs: dict[str, str], *, backend: str, dp_size: int,
-                num_experts: int | None, enforce_eager: bool, log_name: str,
+                num_experts: int | None, enforce_eager: bool, api_servers: int, log_name: str,
                 evidence: list[str]) -> list[dict]:
     """What the pods' logs prove: lib.engines.vllm_logs' backend gates on the leader's log (vLLM
     logs them from rank 0 only), NCCL's EFA provider on every DP rank across every pod, no
     legacy DeepEP buffer anywhere."""
+    # API servers: the leader's, one per local DP rank (vLLM's api_server_count default)
     gates = vllm_logs.assert_backend(leader, backend, dp_size=dp_size, num_experts=num_experts,
-                                     log_name=log_name)
+                                     log_name=log_name, api_servers=api_servers)
     gates.append(vllm_logs.compile_mode_gate(leader, enforce_eager, log_name=log_name))
     every = "\n".join(logs.values())
+    gates.append(vllm_logs.per_rank_nccl(every, dp_size, log_name=", ".join(evidence)))
     gates.append(vllm_logs.efa_provider_per_rank(every, dp_size, log_name=", ".join(evidence)))
     return gates
 

@@ -143,7 +143,7 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
                                          for run, stream in zip(runs, streams)},
                                         evidence=streams))
     try:
-        case = first_case(parse_test_ep_text(text, source=streams[0]))
+        case = first_case(parse_test_ep_text(text, source=streams[0] if streams else "test_ep"))
     except ValueError:
         case = None
     return case, gates

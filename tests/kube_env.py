@@ -1,0 +1,171 @@
+"""A p5en cluster for the kube place's tests (not a test file): the real control plane
+(tests/kubeplane.py), two nodes with p5en's allocatable, and the kubelet double playing their
+kubelets with recorded and composed outputs (tests/kubelet_double.py, tests/compose.py).
+
+    with KubeEnv(tmp_path) as env:          # KUBECONFIG points at it while open
+        env.probes(gdrdrv="2.5.1")          # what each node's probe pod prints
+        env.test_ep(compose.compose_test_ep(env.logs))
+        env.serve("vllm", compose.compose_vllm_pods(env.logs), answers=...)
+        stage = env.stage("04_serve", image=IMAGE)
+
+Only what cannot exist here is simulated: a kubelet with GPUs (pod status, logs, exec answers).
+Scheduling, StatefulSet, Job, Service and garbage collection are the real controllers'.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+try:
+    from kubelet_double import Container, Exec, KubeletDouble, Script
+    from kubeplane import KubePlane
+except ImportError:
+    from tests.kubelet_double import Container, Exec, KubeletDouble, Script
+    from tests.kubeplane import KubePlane
+
+from lib.core.door import REPO_ROOT, Door
+from lib.core.stage import Stage
+from lib.engines import transformers
+from lib.places import kube as kube_place
+from lib.places import manifests
+from lib.stages import registry
+
+NODES = ("p5en-a", "p5en-b")
+IMAGE = "registry.example/deepep-v2-efa@sha256:" + "ab" * 32  # any digest: no image is pulled
+IMAGE_ID = "docker-pullable://registry.example/deepep-v2-efa@sha256:" + "ab" * 32
+MODEL_CACHE = "/opt/dlami/nvme/hf-cache"
+# Real answers of vLLM 0.24.0 on 2x H200 (run gpu-2xh200-vllm-20261201), as the leader's
+# Service would give them: the model list and a chat completion.
+RECORDED_RUN = REPO_ROOT / "results" / "gpu-2xh200-vllm-20261201" / "04_serve"
+
+
+class KubeEnv:
+    def __init__(self, workdir: Path, namespace: str = "deepep-repro"):
+        self.workdir = Path(workdir)
+        self.logs = self.workdir / "composed"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.namespace = namespace
+        self.plane = KubePlane()
+        self.double: KubeletDouble | None = None
+        self._env_before: str | None = None
+
+    def __enter__(self) -> "KubeEnv":
+        self.plane.start(self.workdir / "plane")
+        self.double = KubeletDouble(self.plane).start()
+        for node in NODES:
+            self.double.add_node(node)
+        self.plane.create_namespace(self.namespace)
+        self._env_before = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(self.plane.kubeconfig)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._env_before is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._env_before
+        if self.double is not None:
+            self.double.stop()
+        self.plane.stop()
+
+    # ---- stages --------------------------------------------------------------------------
+    def stage(self, name: str, run_dir: Path, replay: bool = False, **given: Any) -> Stage:
+        params = {"context": "kube", "namespace": self.namespace, "image": IMAGE,
+                  "schedule_timeout_s": 20, "job_timeout_s": 60, "server_timeout_s": 60,
+                  **given}
+        resolved = registry.resolve(name, {k: v for k, v in params.items()
+                                           if k in registry.STAGE_PARAMS[name]})
+        if "engine" in resolved and not resolved["engine"]:
+            resolved = registry.resolve(name, {**{k: v for k, v in params.items()
+                                                  if k in registry.STAGE_PARAMS[name]},
+                                               "engine": "vllm"})
+        return Stage(name, resolved, run_dir, Door(run_dir, name, replay=replay),
+                     run_dir if replay else None)
+
+    def objects_left(self) -> list[str]:
+        got = self.plane.get_json("pods,services,statefulsets,jobs", "-n", self.namespace)
+        return [f"{o['kind']}/{o['metadata']['name']}" for o in got["items"]]
+
+    # ---- what the nodes answer -----------------------------------------------------------
+    def probes(self, **facts_by_default: Any) -> list[Path]:
+        """Each node's probe pod prints the probe's lines (lib.places.manifests.PROBE_FORMAT)
+        for the facts given (a node name -> facts mapping under `per_node` overrides)."""
+        per_node = facts_by_default.pop("per_node", {})
+        paths = []
+        for node in NODES:
+            facts = {"gdrdrv": "2.5.1", "efa": 16, "hugepages_total": 4096, **facts_by_default,
+                     **per_node.get(node, {})}
+            path = self.logs / f"composed-node-probe-{node}.log"
+            path.write_text(probe_log(node, **facts))
+            self.double.add_script(Script(manifests.probe_pod_name(node), {
+                "*": Container(log=path, exit_code=0, image_id=IMAGE_ID)},
+                running_after=0.1, exit_after=0.3))
+            paths.append(path)
+        return paths
+
+    def ranks(self, name: str, logs: Sequence[Path], exit_codes: Sequence[int] | None = None,
+              pending: bool = False) -> None:
+        """The pods `<name>-<rank>`: each prints its node's log and exits with its code."""
+        for rank, log in enumerate(logs):
+            code = (exit_codes or [0] * len(logs))[rank]
+            self.double.add_script(Script(f"{name}-{rank}", {
+                "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
+                running_after=None if pending else 0.1, exit_after=0.5, pod_ips="10.244.0.0/16"))
+
+    def serve(self, name: str, logs: Sequence[Path], *, model: str, revision: str,
+              config: dict, ready: bool = True) -> None:
+        """The StatefulSet's pods `<name>-<k>`: their logs, the leader Ready, and what a request
+        from inside the cluster (kube_place's exec) answers: the recorded vLLM answers."""
+        url = f"http://{manifests.http_service_name(name)}.{self.namespace}.svc:{manifests.HTTP_PORT}"
+        models = json.loads((RECORDED_RUN / "models_response.json").read_text())
+        for entry in models.get("data", []):
+            entry["id"] = entry["root"] = model  # served under the cluster model's name
+        chat = json.loads((RECORDED_RUN / "chat_response.json").read_text())
+        chat["model"] = model
+        chat_request = {"model": model, "max_tokens": 16, "messages": [
+            {"role": "user", "content": transformers.CHAT_PROMPT}]}
+        execs = {
+            exec_request("GET", url + "/v1/models", transformers.PROBE_TIMEOUT_S, None):
+                Exec(json.dumps({"status": 200, "body": json.dumps(models), "error": None})),
+            exec_request("POST", url + "/v1/chat/completions", transformers.CHAT_TIMEOUT_S,
+                         chat_request):
+                Exec(json.dumps({"status": 200, "body": json.dumps(chat), "error": None})),
+            ("env", "HF_HUB_OFFLINE=1", "python3", "-c", kube_place._CONFIG_SCRIPT, model,
+             revision): Exec(json.dumps(config)),
+        }
+        for k, log in enumerate(logs):
+            self.double.add_script(Script(f"{name}-{k}", {
+                "*": Container(log=log, execs=execs if k == 0 else {}, image_id=IMAGE_ID)},
+                running_after=0.1, ready_after=0.2 if ready else None,
+                pod_ips="10.244.0.0/16"))
+
+
+def exec_request(method: str, url: str, timeout: float, body: dict | None) -> tuple[str, ...]:
+    """The argv the kube place's server runs in the leader pod for one request."""
+    return ("python3", "-c", kube_place._REQUEST_SCRIPT, method, url, str(timeout),
+            "" if body is None else json.dumps(body))
+
+
+def probe_log(node: str, *, gdrdrv: str | None, efa: int, hugepages_total: int) -> str:
+    """A node probe's output in the probe's own line format (lib.places.manifests.PROBE_FORMAT),
+    composed: the facts are this test's, the EFA device names p5en's rdmap pattern."""
+    devices = ",".join(f"rdmap{16 + k}s27" for k in range(efa)) or "none"
+    return "\n".join([
+        f"guide-probe node={node}",
+        f"guide-probe gdrdrv={gdrdrv or 'absent'}",
+        f"guide-probe efa={devices}",
+        f"guide-probe hugepages_total={hugepages_total}",
+        "guide-probe hugepagesize_kb=2048",
+        f"guide-probe hugepages_2mi={hugepages_total}",
+        "guide-probe end", ""])
+
+
+def model_config(recorded: Path, *, experts: int, top_k: int) -> dict:
+    """The cluster model's config.json, composed from a recorded Qwen3-MoE config (the seeded
+    model vLLM served on 2x H200) with the default model's expert counts (lib.engines.model_facts:
+    128 routed experts, top-8)."""
+    config = json.loads(recorded.read_text())
+    config.update(num_experts=experts, num_experts_per_tok=top_k)
+    return config

@@ -1,0 +1,195 @@
+"""The stages on the kube place, end to end through the real kubectl and the real API server
+(tests/kubeplane.py: etcd, kube-apiserver, scheduler and controllers 1.20.2). The one simulated
+part is the kubelet with GPUs (tests/kubelet_double.py): it sets pod status and answers logs and
+exec with recorded and composed outputs (tests/compose.py, tests/kube_env.py). Every pod log a
+gate reads arrives through `kubectl logs`, and the transcript holds each call.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+try:
+    from kubeplane import NOT_BUILT, plane_available
+except ImportError:
+    from tests.kubeplane import NOT_BUILT, plane_available
+
+from lib.core.door import read_transcript
+from lib.measure import triage
+from lib.stages import cluster, kernel, serve as serve_stage
+from tests import compose
+from tests.kube_env import MODEL_CACHE, NODES, RECORDED_RUN, KubeEnv, model_config
+
+pytestmark = pytest.mark.skipif(not plane_available(), reason=NOT_BUILT)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with KubeEnv(tmp_path_factory.mktemp("kube")) as cluster_env:
+        yield cluster_env
+
+
+def statuses(stage) -> dict[str, str]:
+    return {g.gate: g.status for g in stage.gates}
+
+
+def kubectl_calls(run_dir: Path, verb: str) -> list[list[str]]:
+    return [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
+            if e["kind"] == "run" and e["key"][0] == "kubectl" and verb in e["key"]]
+
+
+def test_00_gates_every_node_from_kubectl_and_its_probe_pod(env, tmp_path):
+    env.probes(per_node={NODES[1]: {"gdrdrv": "2.4", "efa": 15}})
+    run = tmp_path / "run"
+    stage = env.stage("00_cluster", run)
+    data = cluster.run(stage)
+    cluster.show(stage, data)
+    stage.finish()
+    got = statuses(stage)
+    assert got["access to the cluster"] == "PASS"
+    assert got["nodes of the instance type, Ready"] == "PASS"
+    a, b = NODES
+    for name in ("GPUs", "EFA devices", "gdrdrv >= 2.5", "hugepages"):
+        assert got[f"{a}: {name}"] == "PASS", name
+    assert got[f"{b}: gdrdrv >= 2.5"] == "FAIL" and got[f"{b}: EFA devices"] == "FAIL"
+    efa = next(g for g in stage.gates if g.gate == f"{b}: EFA devices")
+    assert (efa.observed, efa.expected) == (15, 16)
+    nodes = json.loads((run / "00_cluster" / "nodes.json").read_text())
+    assert [n["node"] for n in nodes] == list(NODES) and nodes[0]["gdrdrv_version"] == "2.5.1"
+    logs = kubectl_calls(run, "logs")
+    assert len(logs) == 2  # each probe's output came through `kubectl logs`
+    record = json.loads((run / "00_cluster" / "pods" / "guide-probe-p5en-a.status.json").read_text())
+    assert record["containers"][0]["image_id"].endswith("ab" * 32)  # the pulled digest, kept
+    assert env.objects_left() == []  # the probes were deleted when the stage ended
+    replay = env.stage("00_cluster", run, replay=True)
+    cluster.run(replay)
+    replay.finish()
+
+
+def test_03_test_ep_one_pod_per_node_over_efa_gated_and_replayed(env, tmp_path):
+    env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
+    run = tmp_path / "run"
+    stage = env.stage("03_kernel_test", run, test_ep_tokens="128")
+    data = kernel.run(stage)
+    kernel.show(stage, data)
+    stage.finish()
+    got = statuses(stage)
+    prefix = "test_ep 128 tokens: "
+    for name in ("test_ep exit code 0", "test_ep lines from every rank",
+                 "dispatch+combine p50 recorded", "dispatch+combine p50 within the contract",
+                 "EFA provider selected on every rank"):
+        assert got[prefix + name] == "PASS", (name, [g.reason for g in stage.gates
+                                                    if g.gate == prefix + name])
+    assert got["the torch benchmark"] == "SKIP"
+    ranks = next(g for g in stage.gates if g.gate == prefix + "test_ep lines from every rank")
+    assert ranks.observed["ranks_seen"] == list(range(16))
+    manifest = (run / "03_kernel_test" / "manifests" / "test-ep-at-128-tokens.yaml").read_text()
+    assert manifest.count("kind: Pod") == 2 and "WORLD_SIZE" in manifest
+    assert len(kubectl_calls(run, "logs")) == 2
+    assert env.objects_left() == []
+    replay = env.stage("03_kernel_test", run, replay=True, test_ep_tokens="128")
+    kernel.run(replay)
+    replay.finish()
+
+
+def test_03_a_rank_without_the_efa_provider_fails_naming_it(env, tmp_path):
+    env.ranks("test-ep-at-128-tokens",
+              compose.compose_test_ep(tmp_path / "logs", drop_provider_rank=13))
+    stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
+    kernel.run(stage)
+    stage.finish()
+    efa = next(g for g in stage.gates if g.gate.endswith("EFA provider selected on every rank"))
+    assert efa.status == "FAIL" and "13" in efa.reason
+
+
+def test_03_the_first_of_sixteen_ranks_to_die_is_named_and_the_timeouts_are_symptoms(env,
+                                                                                     tmp_path):
+    logs = compose.compose_test_ep_failure(tmp_path / "logs", dead_rank=11)
+    env.ranks("test-ep-at-128-tokens", logs, exit_codes=[1, 1])
+    stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
+    kernel.run(stage)
+    stage.finish()
+    first = next(g for g in stage.gates if g.gate.endswith(triage.GATE_FIRST_RANK))
+    assert first.status == "FAIL" and first.reason.startswith("rank 11 failed first")
+    assert "symptoms" in first.reason
+    assert statuses(stage)["test_ep 128 tokens: test_ep exit code 0"] == "FAIL"
+
+
+def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env, tmp_path):
+    """Nine GPUs a node where p5en has eight: the real scheduler refuses, and says so."""
+    env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
+    stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128",
+                      gpus_per_node=9, ranks=8, num_experts=288, schedule_timeout_s=3)
+    kernel.run(stage)
+    stage.finish()
+    pending = next(g for g in stage.gates if g.gate.endswith("pods scheduled"))
+    assert pending.status == "FAIL" and "Insufficient nvidia.com/gpu" in pending.reason
+    assert env.objects_left() == []
+
+
+def test_04_vllm_statefulset_serves_through_the_leader_service(env, tmp_path):
+    from lib.places import manifests
+
+    leader, worker = compose.compose_vllm_pods(tmp_path / "logs")
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve("vllm", [leader, worker], model=p["model"], revision=p["model_revision"],
+              config=config)
+    run = tmp_path / "run"
+    stage = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE)
+    data = serve_stage.run(stage)
+    serve_stage.show(stage, data)
+    stage.finish()
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s != "PASS"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status != "PASS"]
+    for name in ("server ready", "vllm_all2all_manager", "vllm_ep_split",
+                 "vllm_no_fallback_no_legacy_buffer", "nccl_init_per_rank",
+                 "efa_provider_per_rank",
+                 "/v1/models lists the model", "model config is a Mixture of Experts",
+                 "chat request answers with content and usage", "server stopped"):
+        assert any(g.startswith(name) for g in got), name
+    manifest = (run / "04_serve" / "manifests" / "vllm.yaml").read_text()
+    assert "statefulset.kubernetes.io/pod-name: vllm-0" in manifest  # the HTTP Service: pod 0
+    assert manifests.HTTP_SERVICE_SUFFIX in manifest
+    execs = kubectl_calls(run, "exec")
+    assert len(execs) == 3 and all("vllm-0" in argv for argv in execs)
+    assert len(kubectl_calls(run, "logs")) == 2
+    assert env.objects_left() == []
+    replay = env.stage("04_serve", run, replay=True, model_cache_dir=MODEL_CACHE)
+    serve_stage.run(replay)
+    replay.finish()
+
+
+def test_04_a_legacy_buffer_or_a_rank_without_efa_fails_the_serve(env, tmp_path):
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    logs = compose.compose_vllm_pods(tmp_path / "logs", drop_provider_rank=13)
+    env.serve("vllm", logs, model=p["model"], revision=p["model_revision"], config=config)
+    stage = env.stage("04_serve", tmp_path / "run", model_cache_dir=MODEL_CACHE)
+    serve_stage.run(stage)
+    stage.finish()
+    efa = next(g for g in stage.gates if "efa" in g.gate.lower() and "provider" in g.gate.lower())
+    assert efa.status == "FAIL" and "13" in efa.reason
+
+
+def test_an_interrupted_stage_leaves_no_object_behind(env, tmp_path):
+    """A stage that stops half-way (an exception after its pods were applied): its clean-up,
+    run when the stage closes (or the kernel exits), deletes everything of its run."""
+    from lib.places import for_stage
+
+    env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"),
+              pending=True)
+    stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
+    place = for_stage(stage)
+    from lib.places import manifests
+
+    objects = manifests.rank_objects(**place._where(), name="test-ep-at-128-tokens",
+                                     image=place._image(), nodes=2,
+                                     argv=lambda n: ["sleep", "600"], env=lambda n: {})
+    place.apply(objects, "interrupted")
+    assert env.objects_left()  # applied, then the stage is interrupted:
+    stage.close_resources()
+    assert env.objects_left() == []

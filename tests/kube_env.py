@@ -25,9 +25,15 @@ except ImportError:
     from tests.kubelet_double import Container, Exec, KubeletDouble, Script
     from tests.kubeplane import KubePlane
 
+try:
+    import compose
+except ImportError:
+    from tests import compose
+
 from lib.core.door import REPO_ROOT, Door
 from lib.core.stage import Stage
 from lib.engines import transformers
+from lib.measure import agreement, sweep
 from lib.places import kube as kube_place
 from lib.places import manifests
 from lib.stages import registry
@@ -39,6 +45,10 @@ MODEL_CACHE = "/opt/dlami/nvme/hf-cache"
 # Real answers of vLLM 0.24.0 on 2x H200 (run gpu-2xh200-vllm-20261201), as the leader's
 # Service would give them: the model list and a chat completion.
 RECORDED_RUN = REPO_ROOT / "results" / "gpu-2xh200-vllm-20261201" / "04_serve"
+METRICS = (REPO_ROOT / "results" / "gpu-2xh200-vllm-20261130" / "05_sweep" / "metrics"
+           / "repeat_1" / "c4.before.prom")
+ANSWERS = REPO_ROOT / "results" / "diagnostics" / "vllm-answers-1xh200-20261201" / "answers.json"
+VERIFY_SCRIPT = REPO_ROOT / "docker" / "verify-image.sh"
 
 
 class KubeEnv:
@@ -114,8 +124,36 @@ class KubeEnv:
                 "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
                 running_after=None if pending else 0.1, exit_after=0.5, pod_ips="10.244.0.0/16"))
 
+    def verify(self, failed: Sequence[str] = ()) -> Path:
+        """The pod `verify-image-0`: docker/verify-image.sh's output in its own line format
+        ("PASS <check>: <detail>", "FAIL ...", the summary line), composed from the checks the
+        script names; `failed` lists checks that fail (exit 1)."""
+        checks = [line.split('"')[1] for line in VERIFY_SCRIPT.read_text().splitlines()
+                  if line.lstrip().startswith('check "') and "${" not in line.split('"')[1]]
+        lines = [f"{'FAIL' if c in failed else 'PASS'} {c}: composed for the kube tests"
+                 for c in checks]
+        lines.append(f"verify-image: {len(failed)} of {len(checks)} checks FAILED: "
+                     + " ".join(failed) if failed else
+                     f"verify-image: {len(checks)}/{len(checks)} checks PASS")
+        log = self.logs / "composed-verify-image.log"
+        log.write_text("\n".join(lines) + "\n")
+        self.double.add_script(Script("verify-image-0", {
+            "*": Container(log=log, exit_code=1 if failed else 0, image_id=IMAGE_ID)},
+            running_after=0.1, exit_after=0.3, pod_ips="10.244.0.0/16"))
+        return log
+
+    def aiperf_jobs(self, names: Sequence[str], cells: Sequence[str]) -> None:
+        """The AIPerf Jobs' pods `<name>-*`: each prints a recorded AIPerf 0.13 cell (its
+        console tables, then its export folder as lib.places.stream prints it) and exits 0."""
+        for name, cell in zip(names, cells):
+            log = compose.compose_aiperf_job_log(self.logs / name, cell=cell, block=name)
+            self.double.add_script(Script(f"{name}-*", {
+                "*": Container(log=log, exit_code=0, image_id=IMAGE_ID)},
+                running_after=0.1, exit_after=0.3, pod_ips="10.244.0.0/16"))
+
     def serve(self, name: str, logs: Sequence[Path], *, model: str, revision: str,
-              config: dict, ready: bool = True) -> None:
+              config: dict, ready: bool = True, metrics_reads: int = 0,
+              answers: str | None = None) -> None:
         """The StatefulSet's pods `<name>-<k>`: their logs, the leader Ready, and what a request
         from inside the cluster (kube_place's exec) answers: the recorded vLLM answers."""
         url = f"http://{manifests.http_service_name(name)}.{self.namespace}.svc:{manifests.HTTP_PORT}"
@@ -135,11 +173,36 @@ class KubeEnv:
             ("env", "HF_HUB_OFFLINE=1", "python3", "-c", kube_place._CONFIG_SCRIPT, model,
              revision): Exec(json.dumps(config)),
         }
+        if metrics_reads:  # vLLM's /metrics, read before and after each cell: a counter that grows
+            execs[exec_request("GET", url + "/metrics", sweep.METRICS_TIMEOUT_S, None)] = [
+                Exec(json.dumps({"status": 200, "body": metrics_text(k), "error": None}))
+                for k in range(metrics_reads)]
+        if answers:  # the fixed prompts of lib.measure.agreement: vLLM's recorded answers
+            recorded = json.loads(ANSWERS.read_text())["arms"][answers]["alone"]
+            for prompt, answer in zip(agreement.PROMPTS, recorded):
+                body = {"model": model, "prompt": prompt, **agreement.REQUEST}
+                execs[exec_request("POST", url + "/v1/completions", agreement.ASK_TIMEOUT_S,
+                                   body)] = Exec(json.dumps({"status": 200,
+                                                             "body": json.dumps(answer),
+                                                             "error": None}))
         for k, log in enumerate(logs):
             self.double.add_script(Script(f"{name}-{k}", {
                 "*": Container(log=log, execs=execs if k == 0 else {}, image_id=IMAGE_ID)},
                 running_after=0.1, ready_after=0.2 if ready else None,
                 pod_ips="10.244.0.0/16"))
+
+
+def metrics_text(turn: int) -> str:
+    """vLLM's /metrics as a DP serve answers it, composed: the recorded text of a 2x H200 serve
+    (run gpu-2xh200-vllm-20261130, before its c4 cell) with each engine's generation_tokens_total
+    raised by 10000 per read, so every cell sees the server's own count grow."""
+    lines = []
+    for line in METRICS.read_text().splitlines():
+        if line.startswith(sweep.GENERATION_TOKENS + "{"):
+            head, _, value = line.rpartition(" ")
+            line = f"{head} {float(value) + 10000.0 * turn}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def exec_request(method: str, url: str, timeout: float, body: dict | None) -> tuple[str, ...]:

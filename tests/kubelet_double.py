@@ -74,10 +74,17 @@ class Container:
     execs: Mapping[tuple[str, ...] | str, Exec] = field(default_factory=dict)
     exit_code: int = 0
     image_id: str | None = None
+    _turns: dict = field(default_factory=dict, repr=False, compare=False)
 
     def answer(self, argv: Sequence[str]) -> Exec | None:
+        """The scripted answer; a list of answers is given in turn, its last one repeated (a
+        counter read before and after some work: vLLM's /metrics around an AIPerf cell)."""
         for key, ans in self.execs.items():
             if tuple(shlex.split(key) if isinstance(key, str) else key) == tuple(argv):
+                if isinstance(ans, list):
+                    turn = self._turns.get(key, 0)
+                    self._turns[key] = turn + 1
+                    return ans[min(turn, len(ans) - 1)]
                 return ans
         return None
 

@@ -193,3 +193,99 @@ def test_an_interrupted_stage_leaves_no_object_behind(env, tmp_path):
     assert env.objects_left()  # applied, then the stage is interrupted:
     stage.close_resources()
     assert env.objects_left() == []
+
+
+def serve_scripts(env, tmp_path, name="vllm", **kw):
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve(name, compose.compose_vllm_pods(tmp_path / f"logs-{name}"), model=p["model"],
+              revision=p["model_revision"], config=config, **kw)
+
+
+SWEEP = {"concurrency": "1,2,4", "repeats": 1, "request_count": 40, "requests_per_slot": 0,
+         "warmup_requests": 4, "warmup_full_batch": False, "output_tokens": 32,
+         "model_cache_dir": MODEL_CACHE}
+
+
+def test_05_aiperf_runs_as_a_job_beside_the_serve_and_its_files_come_back(env, tmp_path):
+    """04, then 05 on kube: the serve again, AIPerf as one Job per cell against the leader's
+    Service, each Job's export folder back through its log (lib.places.stream) and read by the
+    same AIPerf reader as on the local place; vLLM's own token counter read around each cell."""
+    from lib.stages import sweep as sweep_stage
+
+    serve_scripts(env, tmp_path, metrics_reads=6)
+    env.aiperf_jobs([f"aiperf-vllm-c{c}-r1" for c in (1, 2, 4)],
+                    [f"concurrency_{c}" for c in (1, 2, 4)])
+    run = tmp_path / "run"
+    s04 = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE)
+    serve_stage.run(s04)
+    s04.finish()
+    stage = env.stage("05_sweep", run, **SWEEP)
+    data = sweep_stage.run(stage)
+    stage.finish()
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status == "FAIL"]
+    assert got["aiperf vllm c4 repeat 1: AIPerf exit 0"] == "PASS"
+    assert got["aiperf vllm c4 repeat 1: vLLM counted the generated tokens"] == "PASS"
+    assert len(data["summary"]) == 3 and list(data["summary"]["requests_completed"]) == [40] * 3
+    cell = run / "05_sweep" / "aiperf" / "repeat_1" / "aiperf-vllm-c4"
+    assert (cell / "profile_export_aiperf.json").exists()  # came back through the Job's log
+    jobs = (run / "05_sweep" / "manifests").glob("aiperf-vllm-c*-r1.yaml")
+    assert len(list(jobs)) == 3
+    assert env.objects_left() == []
+    replay = env.stage("05_sweep", run, replay=True, **SWEEP)
+    sweep_stage.run(replay)
+    replay.finish()
+
+
+def test_06_ep_num_comms_arms_each_a_whole_serve_interleaved_and_answers_checked(env, tmp_path):
+    """06 on kube: EP_NUM_COMMS 1 against 8, each arm's StatefulSet recreated whole for its
+    block of cells (delete, apply, wait ready), the arms' order reversed on the second repeat,
+    each arm asked the fixed prompts before its cells and compared."""
+    from lib.stages import lever
+
+    extra = {**SWEEP, "concurrency": "1", "ab_repeats": 2}
+    for arm in ("vllm-epnc1-1", "vllm-epnc8-1", "vllm-epnc1-2"):
+        serve_scripts(env, tmp_path, name=arm, metrics_reads=4, answers="eager")
+    env.aiperf_jobs([f"aiperf-{slug}-c1-r{r}" for r in (1, 2)
+                     for slug in ("vllm-epnc1", "vllm-epnc8")], ["concurrency_1"] * 4)
+    run = tmp_path / "run"
+    s04 = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE)
+    serve_scripts(env, tmp_path, answers="eager")
+    serve_stage.run(s04)
+    s04.finish()
+    stage = env.stage("06_multicomm", run, **extra)
+    data = lever.run(stage)
+    stage.finish()
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status == "FAIL"]
+    assert got["EP_NUM_COMMS=8 answers as EP_NUM_COMMS=1"] == "PASS"
+    assert [r["n"] for r in data["ratios"]] == [2]
+    applied = [e["key"] for e in read_transcript(run / "transcript.jsonl")
+               if e["stage"] == "06_multicomm" and e["kind"] == "run" and "apply" in e["key"]
+               and any("vllm-epnc" in a and a.endswith(".yaml") and "aiperf" not in a
+                       for a in e["key"])]
+    order = [Path(next(a for a in k if a.endswith(".yaml"))).stem for k in applied]
+    # repeat 1: EPNC 1 then 8; repeat 2 reversed: 8's server (adjacent blocks) goes on, then
+    # EPNC 1 is served anew
+    assert order == ["vllm-epnc1-1", "vllm-epnc8-1", "vllm-epnc1-2"]
+    assert env.objects_left() == []
+
+
+def test_02_checks_the_image_it_is_given_with_its_verify_script_on_a_node(env, tmp_path):
+    from lib.stages import image
+
+    env.verify(failed=("plugin present",))
+    stage = env.stage("02_image", tmp_path / "run")
+    image.run(stage)
+    stage.finish()
+    got = {g.gate: g for g in stage.gates}
+    assert got["docker build"].status == "SKIP" and "runs the image it is given" in \
+        got["docker build"].reason
+    verify = got["verify-image.sh in the image"]
+    assert verify.status == "FAIL" and "1 of" in verify.observed and "on node p5en-" in \
+        verify.reason
+    assert got["hadolint clean on the Dockerfile"].status == "PASS"  # the lint runs here
+    assert env.objects_left() == []

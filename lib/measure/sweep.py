@@ -173,20 +173,29 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
     input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
     warmup = cell_warmup(p, cell.concurrency)
     requests = cell_requests(p, cell.concurrency)
-    argv = aiperf_argv(
-        engine=engine, model_dir=server.model_dir, url=server.url, concurrency=cell.concurrency,
-        request_count=requests, warmup_requests=warmup,
-        input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
-        artifact_dir=out, cores=server.client_cores)
+    def argv_for(aiperf, artifact_dir, cores):
+        return aiperf_argv(
+            engine=engine, model_dir=server.model_dir, url=server.url,
+            concurrency=cell.concurrency, request_count=requests, warmup_requests=warmup,
+            input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
+            artifact_dir=artifact_dir, cores=cores, aiperf=aiperf)
+
     timeout = cell_timeout_s(requests, warmup, output_tokens, cell.concurrency)
-    call = stage.door.run(bounded(argv, timeout), timeout=timeout + KILL_AFTER_S + 30,
-                          env=aiperf_env(mmap_dir), check=False)
+    if hasattr(server, "run_aiperf"):  # a cluster's server: AIPerf runs beside it, there
+        call = server.run_aiperf(stage, lambda a, d, c: bounded(argv_for(a, d, c), timeout),
+                                 timeout=timeout + KILL_AFTER_S + 30, out=out,
+                                 name=f"aiperf-{arm or engine}-c{cell.concurrency}-"
+                                      f"r{cell.repeat}")
+    else:
+        call = stage.door.run(bounded(argv_for(AIPERF, out, server.client_cores), timeout),
+                              timeout=timeout + KILL_AFTER_S + 30, env=aiperf_env(mmap_dir),
+                              check=False)
     rss = server_rss(stage.door, server)
     if not stage.replay:
         redact_tree(out)
         compress_bulky(out)
-    streams = [f"calls/{stage.name}/{call.seq:04d}.stdout",
-               f"calls/{stage.name}/{call.seq:04d}.stderr"]
+    streams = getattr(call, "streams", None) or [f"calls/{stage.name}/{call.seq:04d}.stdout",
+                                                  f"calls/{stage.name}/{call.seq:04d}.stderr"]
     timed_out = call.timed_out or call.rc in TIMEOUT_CODES
     return CellRun(cell, call.rc, timed_out, call.duration_s,
                    _tail(call.stdout + "\n" + call.stderr), streams, rss, requests=requests)
@@ -314,6 +323,10 @@ def rss_gate(runs: list[CellRun], after_ready: int | None, evidence_paths: list[
     samples = [r.rss_bytes for r in runs if r.rss_bytes is not None]
     if after_ready is not None:
         samples.append(after_ready)
+    if device != "cpu" and not samples:  # a cluster's server: its memory is not read from here
+        return skip("server resident memory under 1.5 GiB",
+                    f"the target is for the CPU-only local machine; served on {device} nodes, "
+                    "whose processes this machine does not read", evidence_paths)
     if device != "cpu" and samples:  # the 1.5 GiB target is the CPU machine's
         return skip("server resident memory under 1.5 GiB",
                     f"the target is for the CPU-only local machine; served on {device}, whose "

@@ -30,18 +30,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from lib.core.door import HttpResult
-from lib.core.evidence import Gate, gate
+from lib.core.door import CallResult, HttpResult
+from lib.core.evidence import Gate, gate, skip
 from lib.engines import vllm_logs
 from lib.engines.model_facts import routed_experts
 from lib.engines.transformers import Server
-from lib.places import manifests
+from lib.places import manifests, stream
 from lib.places.base import NodeNeeds, NodeRun, Place, RankJob, ServeSpec, Unsupported
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
 DELETE_TIMEOUT_S = 300.0
 DEEPEP_IN_IMAGE = "/opt/DeepEP"  # docker/Dockerfile stages and builds DeepEP there
+# AIPerf in the image: `pip install --target /opt/aiperf` (docker/Dockerfile, layer 8), its
+# console script run with its packages on PYTHONPATH; flags checked against 0.10.0's wheel
+AIPERF_IN_IMAGE = "/opt/aiperf/bin/aiperf"
+VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
+AIPERF_ENV = {"PYTHONPATH": "/opt/aiperf", "HF_ENDPOINT": "http://127.0.0.1:9"}
 # What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
 # may not be. It prints {"status", "body", "error"} as one JSON line.
 _REQUEST_SCRIPT = (
@@ -86,6 +91,12 @@ class KubeServer(Server):
     def backend_ok(self) -> bool:
         return bool(self.backend_gates) and all(g["status"] == "PASS"
                                                 for g in self.backend_gates)
+
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+        """AIPerf as a Job beside the serve (lib.places.manifests.aiperf_job), its files back
+        through its log into `out` (lib.places.stream). `argv_for(aiperf, artifact_dir, cores)`
+        builds AIPerf's argv (lib.measure.sweep's one builder)."""
+        return self.place.run_aiperf_job(self, argv_for, timeout=timeout, out=out, name=name)
 
     def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
         """From inside the cluster: python3 in the leader pod asks the leader's Service."""
@@ -305,6 +316,41 @@ class KubePlace(Place):
     def deepep_dir(self) -> str:
         return DEEPEP_IN_IMAGE
 
+    def build_image(self, *, dockerfile: Path, context: Path, tag: str, repo: Path) -> dict:
+        """The kube place runs the image it is given: 02 checks it there, its verify script
+        (docker/verify-image.sh, in the image as /usr/local/bin/verify-image.sh) as a pod on one
+        node with the node's GPUs (its import checks need the driver)."""
+        image = self._image()
+        self.stage.add(skip("docker build", f"the kube place runs the image it is given "
+                            f"({image}); 02 builds one where a Docker engine answers"))
+        name = "verify-image"
+        objects = manifests.rank_objects(
+            **self._where(), name=name, image=image, nodes=1,
+            argv=lambda node: [VERIFY_IN_IMAGE], env=lambda node: {},
+            transport=self.transport, needs_gdrcopy=False,
+            timeout_s=self.stage["job_timeout_s"])
+        self.apply(objects, name)
+        pod = f"{name}-0"
+        try:
+            try:
+                statuses = self.wait_pods([pod], done=True,
+                                          timeout_s=self.stage["job_timeout_s"])
+            except NotScheduled as why:
+                self.stage.add(gate("verify-image.sh in the image", False, "Pending",
+                                    "a pod on one node", f"the scheduler: {why}", []))
+                return {"engine": False, "image": image, "scheduled": False}
+            text = self.pod_log(pod, statuses.get(pod))
+            rc = exit_code(statuses.get(pod))
+            summary = next((line for line in reversed(text.splitlines())
+                            if line.startswith("verify-image:")), "no summary line")
+            node = ((statuses.get(pod) or {}).get("spec") or {}).get("nodeName")
+            self.stage.add(gate("verify-image.sh in the image", rc == 0, summary,
+                                "every check PASS", f"on node {node}: exit {rc}",
+                                [self.stage.rel(self.stage.path("pods", f"{pod}.log"))]))
+            return {"engine": False, "image": image, "verify_rc": rc, "node": node}
+        finally:
+            self.delete(name)
+
     # ---- serving --------------------------------------------------------------------------
     def model(self, engine: str, announce: bool = False):
         if engine != "vllm":
@@ -340,7 +386,7 @@ class KubePlace(Place):
             hf_token_secret=p["hf_token_secret"] or None)
         gpus = int(p["gpus_per_node"])
         server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
-                            stage.path("pods", f"{name}-0.log"), place=self,
+                            stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
                             backend=spec.backend, gpus=gpus * p["nodes"],
                             service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
         server.pods = [f"{name}-{k}" for k in range(p["nodes"])]
@@ -404,11 +450,57 @@ class KubePlace(Place):
         except ValueError:
             return None, saved
 
-    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float,
-                artifacts: Path | None = None):
-        """A one-shot Job beside the server (AIPerf); its files come back through its log into
-        `artifacts`. Returns a CallResult-shaped object (rc, stdout, stderr, ...)."""
-        raise Unsupported("the kube place's jobs beside a server are not built yet")
+    def run_aiperf_job(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
+                       name: str) -> CallResult:
+        """One AIPerf cell as a Job in the cluster against the leader's Service; what it wrote
+        comes back through its log (a finished Job's pod cannot be copied from) into `out`,
+        read by the same AIPerf reader as on the local place."""
+        job_name = object_name(name)
+        folder = f"{manifests.ARTIFACT_ROOT}/cell"
+        argv = argv_for(AIPERF_IN_IMAGE, folder, None)
+        job = manifests.aiperf_job(run_id=self.stage.run_id, image=self._image(), argv=argv,
+                                   artifact_dir=folder, block=job_name, name=job_name,
+                                   stage=self.stage.name, namespace=self.namespace,
+                                   serve_name=server.pods[0].rsplit("-", 1)[0],
+                                   timeout_s=timeout, env=AIPERF_ENV)
+        started = self.door.now()
+        self.apply([job], job_name)
+        try:
+            pod = self.wait_job(job_name, timeout_s=timeout + self.stage["schedule_timeout_s"])
+            name_of = (pod or {}).get("metadata", {}).get("name")
+            text = self.pod_log(name_of, pod) if name_of else ""
+            try:
+                stream.unpack(text, job_name, out)
+                note = ""
+            except stream.StreamError as why:
+                note = f"\nthe job's files did not come back: {why}"
+            rc = exit_code(pod)
+            result = CallResult(argv, -1 if rc is None else rc, text, note,
+                                round(self.door.now() - started, 3), not is_finished(pod))
+            result.streams = ([self.stage.rel(self.stage.path("pods", f"{name_of}.log"))]
+                              if name_of else [])
+            return result
+        finally:
+            self.delete(job_name)
+
+    def wait_job(self, name: str, *, timeout_s: float) -> dict | None:
+        """The pod of Job `name` once it finished (None when none appeared in time)."""
+        door = self.door
+        started = door.now()
+        print(f"waiting up to {timeout_s:.0f} s for the job {name}", flush=True)
+        while True:
+            got = self._json("get", "pods", "-l", f"job-name={name}")
+            pods = (got or {}).get("items", [])
+            pod = pods[0] if pods else None
+            elapsed = door.now() - started
+            if pod and is_finished(pod):
+                return pod
+            reason = unschedulable(pod) if pod else None
+            if reason and elapsed >= self.stage["schedule_timeout_s"]:
+                return pod
+            if elapsed >= timeout_s:
+                return pod
+            door.sleep(POLL_S)
 
 
 # ---- reading pods and nodes (pure) -------------------------------------------------------

@@ -11,12 +11,14 @@ notebooks to results/REPLAYED to have `make test` replay it.
 """
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 from lib import runner
 from lib.stages import registry
+from lib.stages.opening import LEVEL_ENV
 
 try:
     import compose
@@ -55,12 +57,18 @@ def script_the_cluster(env: KubeEnv, logs: Path) -> None:
             env.aiperf_jobs([f"aiperf-{slug}-c{c}-r{repeat}" for c in LEVELS], cells)
 
 
+LEVEL = ("control plane real (kube-apiserver, scheduler and controllers 1.20.2 on 127.0.0.1), "
+         "nodes simulated (a kubelet double), pod outputs recorded on 2x H200 or composed from "
+         "them: not a measurement of any cluster")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
     run_id = argv[0]
     registry.check_run_request("kube", run_id, STAGES, PARAMS)
+    os.environ[LEVEL_ENV] = LEVEL  # run.json says what was real
     with tempfile.TemporaryDirectory(prefix="kube-run-") as work:
         with KubeEnv(Path(work)) as env:
             script_the_cluster(env, Path(work) / "composed")

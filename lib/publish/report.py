@@ -48,6 +48,9 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def verification_level(run: dict) -> str:
     sha = (run.get("guide") or {}).get("git_sha") or "not recorded (no git history where it ran)"
+    if run.get("level"):  # what the run's place was when it was not real hardware, as recorded
+        return (f"{run['level']}; run `{run['run_id']}` on the `{run['context']}` context, "
+                f"guide `{sha}`")
     return (f"measured here end-to-end, run `{run['run_id']}` on the `{run['context']}` context "
             f"({run.get('platform', 'unknown platform')}), guide `{sha}`")
 

@@ -28,6 +28,11 @@ from lib.core.stage import (OUTPUTS_VERSION, REPLAY_ENV, Stage, open_record, ope
 from lib.stages import registry
 
 
+# A run on a test cluster (tests/record_kube_run.py) states what was real and what simulated;
+# run.json keeps it as "level" and the book labels the run's numbers with it.
+LEVEL_ENV = "REPRO_LEVEL"
+
+
 def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     declared = registry.STAGE_PARAMS.get(name)
     if declared is None:
@@ -88,4 +93,6 @@ def write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
         "replay_with": f"{REPLAY_ENV}=results/{run_dir.name}",
         "outputs_version": OUTPUTS_VERSION,
     }
+    if os.environ.get(LEVEL_ENV):  # a test cluster says what of it was real (the book shows it)
+        record["level"] = os.environ[LEVEL_ENV]
     evidence.write_json_new(run_dir / "run.json", record)

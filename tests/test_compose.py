@@ -133,10 +133,6 @@ def test_a_legacy_deepep_backend_fails_the_no_legacy_gate(tmp_path):
     assert gates["vllm_all2all_manager"]["status"] == "FAIL"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lib.engines.vllm_logs' no-legacy gate looks for the legacy classes' names only; the line "
-    "R's .pth hook prints before os._exit(3) ('[t3-patch] FATAL: legacy deep_ep.Buffer "
-    "constructed on EFA') names none of them, so the gate PASSes a log that holds it"))
 def test_the_sitecustomize_trap_line_fails_the_no_legacy_gate(tmp_path):
     _, worker = compose.compose_vllm_pods(tmp_path, sitecustomize_legacy_rank=13,
                                           tag="-sitecustomize-rank13")

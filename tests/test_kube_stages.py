@@ -173,6 +173,15 @@ def test_04_a_legacy_buffer_or_a_rank_without_efa_fails_the_serve(env, tmp_path)
     stage.finish()
     efa = next(g for g in stage.gates if "efa" in g.gate.lower() and "provider" in g.gate.lower())
     assert efa.status == "FAIL" and "13" in efa.reason
+    # a legacy deep_ep.Buffer built on a worker's rank (its guard's line): FAIL, from every log
+    logs = compose.compose_vllm_pods(tmp_path / "legacy", sitecustomize_legacy_rank=13,
+                                     tag="-sitecustomize-rank13")
+    env.serve("vllm", logs, model=p["model"], revision=p["model_revision"], config=config)
+    stage = env.stage("04_serve", tmp_path / "run-legacy", model_cache_dir=MODEL_CACHE)
+    serve_stage.run(stage)
+    stage.finish()
+    legacy = next(g for g in stage.gates if g.gate == "vllm_no_fallback_no_legacy_buffer")
+    assert legacy.status == "FAIL" and "vllm-1.log" in " ".join(legacy.evidence)
 
 
 def test_an_interrupted_stage_leaves_no_object_behind(env, tmp_path):

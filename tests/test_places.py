@@ -135,3 +135,44 @@ def test_places_that_are_not_built_say_so_in_one_reason(tmp_path):
         KubePlace(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
     node = NodeRank(1, 2, "leader", 29500)
     assert (node.rank, node.nodes, node.master_addr, node.port) == (1, 2, "leader", 29500)
+
+
+def test_papermill_plans_04_for_two_nodes_touching_no_cluster(tmp_path):
+    """The issue's own command: `papermill notebooks/04_serve.ipynb out.ipynb -p context plan
+    -p nodes 2` exits 0; the StatefulSet it renders passes kubernetes-validate --strict and holds
+    DP 16 with start ranks 0 and 8, a leader-only HTTP Service, requests equal to limits, and the
+    HF token only as a Secret reference; the LeaderWorkerSet rendering beside it."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from lib.core.door import REPO_ROOT
+
+    results = tmp_path / "results"
+    for workload in ("statefulset", "leaderworkerset"):
+        done = subprocess.run(
+            [sys.executable, "-m", "papermill", str(REPO_ROOT / "notebooks" / "04_serve.ipynb"),
+             str(tmp_path / f"{workload}.ipynb"), "--cwd", str(REPO_ROOT / "notebooks"),
+             "-p", "context", "plan", "-p", "nodes", "2", "-p", "results_dir", str(results),
+             "-p", "run_id", workload, "-p", "workload", workload,
+             "-p", "hf_token_secret", "hf-token"],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    objects = list(yaml.safe_load_all(
+        (results / "statefulset" / "04_serve" / "manifests" / "vllm.yaml").read_text()))
+    kinds = {o["kind"]: o for o in objects}
+    script = kinds["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert script.count("--data-parallel-size 16") == 2
+    assert "--data-parallel-start-rank 0" in script and "--data-parallel-start-rank 8" in script
+    http = [o for o in objects if o["kind"] == "Service" and o["spec"].get("type") == "ClusterIP"]
+    assert http[0]["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == "vllm-0"
+    container = kinds["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    token = [e for e in container["env"] if e["name"] == "HF_TOKEN"]
+    assert token[0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token" and "value" not in token[0]
+    gates = json.loads((results / "statefulset" / "04_serve" / "gates.json").read_text())
+    assert {g["gate"]: g["status"] for g in gates}[
+        "vllm: manifests valid (kubernetes-validate --strict 1.36)"] == "PASS"
+    lws = (results / "leaderworkerset" / "04_serve" / "manifests" / "vllm.yaml").read_text()
+    assert "kind: LeaderWorkerSet" in lws

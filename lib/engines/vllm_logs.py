@@ -70,6 +70,10 @@ DEFAULT_BACKEND = "allgather_reducescatter"
 # Managers / prepare-finalize classes built on DeepEP's legacy deep_ep.Buffer.
 LEGACY_BUFFER_CLASSES = ("DeepEPHTAll2AllManager", "DeepEPLLAll2AllManager",
                          "DeepEPHTPrepareAndFinalize", "DeepEPLLPrepareAndFinalize")
+# A legacy deep_ep.Buffer constructed in a process, as a guard prints it: R's .pth hook prints
+# "[t3-patch] FATAL: legacy deep_ep.Buffer constructed on EFA" before os._exit(3) (ANCHORS 1.4).
+# Logged by the process that built it, on any rank: a per-rank source.
+_LEGACY_BUILT_RE = re.compile(r"\blegacy deep_ep\.Buffer\b|\bdeep_ep\.Buffer\b.*\bconstructed\b")
 RANK0_ONLY = ("logged by rank 0 only (global rank 0's worker; on a cluster, the leader's log); "
               "says nothing about the other ranks")
 
@@ -270,11 +274,18 @@ def _gate_api_servers(lines, expected_servers, log_name) -> Gate:
     return gate(name, ok, observed, expected_servers, reason, evidence)
 
 
+def no_legacy_gate(text: str, requested: str, *, log_name: str = "log") -> dict:
+    """The no-fallback, no-legacy-buffer gate over any text: on a cluster, every pod's log
+    joined (a legacy buffer is built, and its guard prints, on whichever rank built it)."""
+    return _gate_no_legacy(_lines(text), requested, log_name).as_dict()
+
+
 def _gate_no_legacy(lines, requested, log_name) -> Gate:
     name = "vllm_no_fallback_no_legacy_buffer"
     fallbacks = _find(lines, _FALLBACK_RE)
     legacy = [(i, l) for i, l in enumerate(lines, 1)
-              if any(re.search(rf"\b{c}\b", l) for c in LEGACY_BUFFER_CLASSES)]
+              if any(re.search(rf"\b{c}\b", l) for c in LEGACY_BUFFER_CLASSES)
+              or _LEGACY_BUILT_RE.search(l)]
     evidence = ([_quote(log_name, i, l) for i, l, _ in fallbacks]
                 + [_quote(log_name, i, l) for i, l in legacy])
     observed = {"fallback_warnings": len(fallbacks), "legacy_buffer_lines": len(legacy)}
@@ -288,7 +299,7 @@ def _gate_no_legacy(lines, requested, log_name) -> Gate:
                         "requested backend")
     if legacy:
         problems.append(f"{len(legacy)} line(s) name a legacy deep_ep.Buffer class "
-                        f"({', '.join(LEGACY_BUFFER_CLASSES)})")
+                        f"({', '.join(LEGACY_BUFFER_CLASSES)}) or its construction")
     scope = ("; the fallback warning is logged by every process, the manager and prepare/finalize "
              "lines by rank 0 only")
     if problems:

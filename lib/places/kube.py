@@ -378,7 +378,13 @@ class KubePlace(Place):
         if not p.get("model_cache_dir"):
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
                               "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
-        objects = manifests.vllm_objects(
+        lws = p.get("workload") == "leaderworkerset"
+        if lws and self.applies:
+            raise Unsupported("workload leaderworkerset needs the LeaderWorkerSet controller in "
+                              "the cluster; this guide renders and checks it (context plan) "
+                              "and serves the StatefulSet (workload statefulset)")
+        render = manifests.leaderworkerset_objects if lws else manifests.vllm_objects
+        objects = render(
             **self._where(), name=name, image=self._image(), nodes=p["nodes"],
             model_cache_dir=p["model_cache_dir"], model=spec.model["model_dir"],
             model_revision=p["model_revision"], backend=spec.backend,
@@ -603,6 +609,10 @@ def serve_gates(leader: str, logs: dict[str, str], *, backend: str, dp_size: int
                                      log_name=log_name, api_servers=api_servers)
     gates.append(vllm_logs.compile_mode_gate(leader, enforce_eager, log_name=log_name))
     every = "\n".join(logs.values())
+    sources = ", ".join(evidence)
+    # the no-legacy gate over every pod's log, not the leader's alone
+    gates = [vllm_logs.no_legacy_gate(every, backend, log_name=sources)
+             if g["gate"] == "vllm_no_fallback_no_legacy_buffer" else g for g in gates]
     gates.append(vllm_logs.per_rank_nccl(every, dp_size, log_name=", ".join(evidence)))
     gates.append(vllm_logs.efa_provider_per_rank(every, dp_size, log_name=", ".join(evidence)))
     return gates

@@ -87,7 +87,7 @@ def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -
     backend = stage["all2all_backend"]
     try:
         gpus = place.gpus()
-        data.update(gpus=gpus, backend=backend)
+        data.update(gpus=gpus * stage["nodes"], backend=backend)  # DP = EP over every node
         with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
                                    timeout_s=stage["server_timeout_s"], gpus=gpus)) as server:
             data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,

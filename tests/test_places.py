@@ -47,24 +47,26 @@ def test_the_plan_door_runs_checkers_only_and_records_what_it_would_run(tmp_path
         replay.plan(["kubectl", "delete", "-f", "x.yaml"])
 
 
-def test_a_plan_for_slurm_records_every_node_s_command_and_runs_none(tmp_path):
+def test_a_plan_for_slurm_is_the_slurm_place_planning(tmp_path):
+    from lib.places.slurm import SlurmPlan
+
     stage = plan_stage(tmp_path, given={"plan_for": "slurm"})
     place = places.for_stage(stage)
-    assert isinstance(place, PlanPlace) and place.gpus() == 8
+    assert isinstance(place, SlurmPlan) and place.gpus() == 8
     job = RankJob("the torch benchmark",
                   argv=lambda node: kernel.torchrun_argv(kernel.bench_config(stage, 8), node,
                                                          "out.json"),
                   env=lambda node: {"NODE_RANK": str(node.rank)}, timeout_s=60, nodes=2)
     with pytest.raises(Unsupported, match="plan for slurm: the torch benchmark on 2 node"):
         place.run_ranks(job)
-    planned = [e for e in read_transcript(tmp_path / "transcript.jsonl")]
-    assert [e["kind"] for e in planned] == ["plan", "plan"]
-    for rank, entry in enumerate(planned):
-        argv = entry["key"]
-        assert argv[0] == f"NODE_RANK={rank}"
-        assert "--nnodes=2" in argv and f"--node-rank={rank}" in argv
-        assert "--nproc-per-node=8" in argv  # every GPU of a p5en node
-        assert "--master-addr=<node-0>" in argv
+    planned = [e["key"] for e in read_transcript(tmp_path / "transcript.jsonl")
+               if e["kind"] == "plan" and e["key"][0] != "#"]
+    assert [a[0] for a in planned] == ["sbatch", "srun", "scancel"]
+    script = planned[1][-2]
+    for rank in (0, 1):
+        assert f"--node-rank={rank}" in script and f"NODE_RANK={rank}" in script
+    assert "--nnodes=2" in script and "--nproc-per-node=8" in script
+    assert "--master-addr=node-0" in script
 
 
 def test_03_planned_for_kube_renders_checks_and_records_and_replays(tmp_path):

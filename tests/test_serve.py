@@ -162,7 +162,7 @@ def test_backstop_stops_a_server_left_running(tmp_path, model_dir):
 @pytest.mark.parametrize("context, said", [
     ("plan", "planned, not run"),          # rendered and checked, not applied
     ("kube", "kubectl get nodes failed"),  # no cluster answers here
-    ("slurm", "does not serve yet"),       # the slurm place serves nothing yet
+    ("slurm", "neither is given"),         # the slurm place serves with an image or a venv
 ])
 def test_a_place_that_cannot_serve_skips_with_its_reason(tmp_path, context, said):
     # engine '' resolves to the place's pick when a notebook opens the stage: vLLM on a cluster

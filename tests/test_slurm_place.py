@@ -1,7 +1,11 @@
 """The slurm place (lib.places.slurm, lib.places.batch) on a real two-node Slurm on this host
 (tests/slurmlocal.py): stage 00's probe of both nodes, stage 03's torch benchmark across them
 (gloo, one rank per node, the rendezvous on n1) and its replay, a node killed mid-run, a step
-that times out, an interrupted run; afterwards nothing of a job is queued or alive."""
+that times out, an interrupted run; stage 04 with `transformers serve` as a step of an
+allocation and its replay, stage 05 with AIPerf as another step against it, the arms of an A/B
+in one allocation; afterwards nothing of a job is queued or alive. And the plan for slurm
+(lib.places.slurm.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
+scancel recorded, nothing run."""
 from __future__ import annotations
 
 import os
@@ -13,13 +17,17 @@ from pathlib import Path
 import pytest
 
 from lib import places
+from lib.core import evidence
 from lib.core.door import REPO_ROOT, Door, read_transcript
 from lib.core.stage import Stage
-from lib.places import NodeNeeds, RankJob, Unsupported, batch
+from lib.engines import transformers
+from lib.places import NodeNeeds, RankJob, ServeSpec, Unsupported, batch
 from lib.places.local import LocalPlace
-from lib.places.slurm import SlurmPlace
+from lib.places.slurm import SlurmPlace, SlurmPlan
 from lib.stages import cluster as stage00
 from lib.stages import kernel, registry
+from lib.stages import serve as stage04
+from lib.stages import sweep as stage05
 
 try:
     import slurmlocal
@@ -133,11 +141,44 @@ def test_parsers():
             for r in rows] == [("n1", "test", True, 0, []), ("n2", "test", True, 8, ["a", "b"])]
 
 
-def test_serving_is_not_built_here(tmp_path):
-    place = SlurmPlace(slurm_stage(tmp_path, "00_cluster"))
-    with pytest.raises(Unsupported, match="does not serve yet"):
-        place.serve(None)
-    with pytest.raises(Unsupported, match="does not serve yet"):
+def test_a_one_task_step_and_a_plan_s_batch_script(tmp_path):
+    """A step beside the others on one node (its environment in its argv), and a plan's view of
+    an allocation as one batch script, which shellcheck passes."""
+    task = batch.task_argv(jobid="7", node="n2", name="guide-05-aiperf", time_min=5,
+                           chdir="/c", argv=["aiperf", "profile", "--url", "http://n1:8000"],
+                           env={"B": "x y", "A": "1"}, unset=("U",), output="/o.out",
+                           error="/o.err")
+    assert task[:7] == ["srun", "--jobid=7", "--overlap", "--nodes=1", "--ntasks=1",
+                        "--nodelist=n2", "--job-name=guide-05-aiperf"]
+    assert "--input=none" in task and "--output=/o.out" in task and "--error=/o.err" in task
+    assert task[task.index("env"):] == ["env", "-u", "U", "A=1", "B=x y", "aiperf", "profile",
+                                        "--url", "http://n1:8000"]
+    assert batch.env_argv({}, ()) == []
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        batch.env_argv({"A-B": "1"})
+    ranks = batch.step_argv(jobid="7", nodes=2, out_base="/r/x-7", time_min=5, chdir="/c",
+                            script=batch.wrapper_script("x", [(["true"], {})] * 2, "/r/x-7"),
+                            script_name="guide-x")
+    text = batch.batch_script("x", batch.alloc_argv(name="guide-x", nodes=2, time_min=5),
+                              [(task, True, "a server"), (ranks, False, "the ranks")])
+    assert "#SBATCH --nodes=2" in text and "--jobid=" not in text and "--wrap" not in text
+    assert text.endswith("wait\n") and " &\n" in text
+    (tmp_path / "x.sbatch").write_text(text)
+    checked = subprocess.run([str(SHELLCHECK), "-s", "bash", str(tmp_path / "x.sbatch")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout
+    assert batch.parse_steps("1.batch|batch\n1.0|guide-x\n\n") == [("1.batch", "batch"),
+                                                                    ("1.0", "guide-x")]
+
+
+def test_without_an_image_or_a_venv_nothing_is_served_or_run(tmp_path):
+    stage = slurm_stage(tmp_path, "04_serve", {"engine": "transformers"})
+    place = SlurmPlace(stage)
+    for asked in (lambda: place.model("transformers"), lambda: place.model("vllm"),
+                  lambda: place.serve(ServeSpec("transformers", {"model_dir": "/m"})).__enter__()):
+        with pytest.raises(Unsupported, match="`image`.*or a `venv`.*neither is given"):
+            asked()
+    with pytest.raises(Unsupported, match="AIPerf runs as a step of the serve's allocation"):
         place.run_job(["true"], env={}, timeout_s=1)
     # without an image or a venv there is nothing to run ranks with, before any call
     stage = slurm_stage(tmp_path, "03_kernel_test", {"ranks": 1})
@@ -146,6 +187,70 @@ def test_serving_is_not_built_here(tmp_path):
     assert read_transcript(tmp_path / "transcript.jsonl") == []
 
 
+def test_nodes_declared_without_efa_need_no_gdrdrv_nor_hugepages(tmp_path):
+    needs = SlurmPlace(slurm_stage(tmp_path, "00_cluster", {"gpus_per_node": 0,
+                                                            "efa_per_node": 0})).node_needs()
+    assert (needs.gpus, needs.efa, needs.gdrdrv, needs.hugepages) == (0, 0, False, False)
+    assert "efa_per_node 0" in needs.no_gdrdrv and "efa_per_node 0" in needs.no_hugepages
+
+
+# ---- the plan for slurm (no cluster) -----------------------------------------------------------
+def plan_stage(run_dir: Path, name: str, given: dict | None = None, replay: bool = False):
+    resolved = registry.resolve(name, {"context": "plan", "plan_for": "slurm", **(given or {})})
+    stage = Stage(name, resolved, run_dir, Door(run_dir, name, replay=replay, plan=True),
+                  run_dir if replay else None)
+    stage._place = SlurmPlan(stage)  # what lib.places.plan.plan_place gives for plan_for slurm
+    return stage
+
+
+def test_03_and_04_planned_for_slurm_write_scripts_that_shellcheck_passes_and_replay(tmp_path):
+    """The slurm place's own code, planning: each step's script and each allocation's batch
+    script in scripts/, shellchecked (gates); sbatch, srun and scancel recorded; nothing run
+    but shellcheck; the stages' work a SKIP with the plan's reason; a replay gives the same."""
+    def plan(replay: bool = False):
+        s03 = plan_stage(tmp_path, "03_kernel_test", replay=replay)
+        kernel.run(s03)
+        s03.finish()
+        s04 = plan_stage(tmp_path, "04_serve", {"engine": "vllm"}, replay=replay)
+        stage04.run(s04)
+        s04.finish()
+        return s03, s04
+
+    s03, s04 = plan()
+    for stage, scripts in ((s03, ["01-the-torch-benchmark-on-2-node-s.sh",
+                                  "02-the-torch-benchmark-batch.sbatch"]),
+                           (s04, ["01-the-server-on-node-0.sh", "02-the-server-on-node-1.sh",
+                                  "03-serve-batch.sbatch"])):
+        checks = [g for g in stage.gates if g.gate.endswith(": shellcheck clean")]
+        assert [g.gate for g in checks] == [f"scripts/{n}: shellcheck clean" for n in scripts]
+        assert {g.status for g in checks} == {"PASS"}, [g.reason for g in checks]
+        assert sorted(p.name for p in stage.path("scripts").iterdir()) == scripts
+        skipped = [g for g in stage.gates if g.status == "SKIP"]
+        assert skipped and all("plan for slurm" in g.reason and "planned, not run" in g.reason
+                               for g in skipped)
+    assert "--node-rank=1" in (s03.path("scripts") / scripts_of(s03)[0]).read_text()
+    batch04 = s04.path("scripts", "03-serve-batch.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in batch04 and "#SBATCH --gres=gpu:8" in batch04
+    assert "--headless" in batch04 and "--data-parallel-size 16" in batch04
+    assert "--nodelist=node-0" in batch04 and batch04.count(" &\n") == 2
+    entries = read_transcript(tmp_path / "transcript.jsonl")
+    assert {e["kind"] for e in entries} == {"plan", "run", "clock"}
+    assert {e["key"][0] for e in entries if e["kind"] == "run"} == {"{bin}/shellcheck"}
+    planned = [e["key"][0] for e in entries if e["kind"] == "plan" and e["key"][0] != "#"]
+    assert planned == ["sbatch", "srun", "scancel", "sbatch", "srun", "srun", "scancel"]
+    leader = next(e["key"] for e in entries if e["kind"] == "plan" and e["key"][0] == "srun"
+                  and "--nodelist=node-0" in e["key"] and e["stage"] == "04_serve")
+    assert "--jobid=<job-1>" in leader and "--overlap" in leader
+    assert leader[leader.index("env"):][-4:] == ["--revision", s04["model_revision"],
+                                                 "--tokenizer-revision", s04["model_revision"]]
+    plan(replay=True)  # the same plan, the same gates (finish compares)
+
+
+def scripts_of(stage) -> list[str]:
+    return sorted(p.name for p in stage.path("scripts").iterdir())
+
+
+# ---- on the two-node Slurm ---------------------------------------------------------------------
 # ---- on the two-node Slurm ---------------------------------------------------------------------
 @needs_slurm
 def test_srun_here_has_no_pyxis_so_the_image_is_checked_by_plan_only(cluster):
@@ -320,3 +425,131 @@ def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factor
         assert_nothing_left(gres)
     finally:
         gres.stop()
+
+
+# ---- serving: 04 and 05 with transformers serve as a step ---------------------------------------
+SERVE = {"venv": VENV, "engine": "transformers", "server_timeout_s": 120.0}
+SWEEP = {**SERVE, "concurrency": "1", "repeats": 1, "request_count": 4, "requests_per_slot": 0,
+         "warmup_requests": 1, "warmup_full_batch": False, "input_tokens": 32,
+         "output_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def served(cluster, tmp_path_factory):
+    """04 recorded on the two-node Slurm: transformers serve as a step of a one-node allocation."""
+    run_dir = tmp_path_factory.mktemp("served") / "run"
+    stage = slurm_stage(run_dir, "04_serve", SERVE)
+    data = stage04.run(stage)
+    stage.finish()
+    return run_dir, stage, data
+
+
+def _calls(run_dir: Path, stage: str, kind: str = "run") -> list[list[str]]:
+    return [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
+            if e["stage"] == stage and e["kind"] == kind]
+
+
+@needs_slurm
+def test_04_serves_transformers_as_a_step_and_replays(cluster, served):
+    run_dir, stage, data = served
+    gates = {g.gate: g for g in stage.gates}
+    for name in ("model built from its seed", "server ready", "/v1/models lists the model",
+                 "model config is a Mixture of Experts",
+                 "chat request answers with content and usage", "server stopped"):
+        assert gates[name].status == "PASS", (name, gates[name].reason)
+    assert len(stage.gates) == 6
+    stopped = gates["server stopped"].observed
+    assert stopped["steps_left"] == [] and stopped["allocation_gone"] is True
+    assert stopped["port_answering"] is False
+    (jobid,) = places.for_stage(stage).jobs
+    (sbatch,) = [c for c in _calls(run_dir, "04_serve") if c[0] == "sbatch"]
+    assert "--nodes=1" in sbatch  # one node for transformers serve
+    (start,) = _calls(run_dir, "04_serve", "start")
+    assert start[:3] == ["srun", f"--jobid={jobid}", "--overlap"] and "--nodelist=n1" in start
+    command = start[start.index("env"):]
+    assert "HF_HUB_OFFLINE=1" in command and command[4:6] == ["{bin}/transformers", "serve"]
+    assert ["scancel", jobid] in _calls(run_dir, "04_serve")
+    log = stage.path("server.log").read_text()
+    assert "Uvicorn running" in log or "Application startup complete" in log  # its whole output
+    assert data["ready"] and data["rss_bytes"] is None  # its memory is a node's: not read here
+    assert_nothing_left(cluster)
+    replay = slurm_stage(run_dir, "04_serve", SERVE, replay=True)
+    stage04.run(replay)
+    replay.finish()
+    assert [g.as_dict() for g in replay.gates] == [g.as_dict() for g in stage.gates]
+
+
+@needs_slurm
+def test_05_runs_aiperf_as_a_step_against_the_server_and_leaves_nothing(cluster, served):
+    run_dir = served[0]
+    stage = slurm_stage(run_dir, "05_sweep", SWEEP)
+    stage05.run(stage)
+    stage.finish()
+    gates = evidence.read_gates(stage.dir)
+    cells = [g for g in gates if g["gate"].startswith("aiperf transformers c1 repeat 1: ")]
+    assert len(cells) >= 5 and {g["status"] for g in cells} == {"PASS"}, cells
+    by_name = {g["gate"]: g for g in gates}
+    for name in ("server ready", "server stopped", "warmup excluded from every cell",
+                 "every planned cell measured", "the same model 04_serve served"):
+        assert by_name[name]["status"] == "PASS", by_name[name]
+    memory = by_name["server resident memory under 1.5 GiB"]
+    assert memory["status"] == "SKIP" and "does not read" in memory["reason"]
+    (jobid,) = places.for_stage(stage).jobs
+    steps = [c for c in _calls(run_dir, "05_sweep") if c[0] == "srun"]
+    (aiperf,) = steps
+    assert aiperf[:3] == ["srun", f"--jobid={jobid}", "--overlap"] and "--nodelist=n1" in aiperf
+    assert "{repo}/.venv-aiperf/bin/aiperf" in aiperf and "--request-count" in aiperf
+    out = stage.path("aiperf", "repeat_1", "aiperf-transformers-c1")
+    assert (out / "profile_export_aiperf.json").exists()  # written by the step, on the share
+    assert by_name["aiperf transformers c1 repeat 1: AIPerf exit 0"]["evidence"][0] == (
+        f"05_sweep/aiperf-transformers-c1-r1-{jobid}.out")
+    pids = [e["pid"] for e in read_transcript(run_dir / "transcript.jsonl")
+            if e["stage"] == "05_sweep" and e["kind"] == "start"]
+    assert_nothing_left(cluster, pids)
+
+
+def _answering_step(monkeypatch):
+    """transformers serve stood in for by a server that answers every GET with 200 (the
+    allocation's bookkeeping under test, not transformers): a second a start, not ten."""
+    code = ("import http.server,sys\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            " def do_GET(self):\n"
+            "  self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+            "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    monkeypatch.setattr(transformers, "serve_argv", lambda model, port, cores=None, device="cpu":
+                        ["transformers", "-c", code, str(port)])
+    monkeypatch.setattr("lib.places.slurm.SlurmPlace._program",
+                        lambda self, name: str(REPO_ROOT / ".venv" / "bin" / "python"))
+
+
+@needs_slurm
+def test_the_arms_of_an_a_b_share_one_allocation_until_the_stage_closes(cluster, tmp_path,
+                                                                         monkeypatch):
+    """Arms (a serve whose gates carry the arm's name) run side by side and one after the
+    other in one allocation: each arm's step is stopped when its block ends, the allocation
+    stays until the stage closes; an exception out of a block cancels it at once."""
+    _answering_step(monkeypatch)
+    stage = slurm_stage(tmp_path, "05_sweep", SERVE)
+    place = places.for_stage(stage)
+    model = {"model_dir": "/m"}
+    with place.serve(ServeSpec("transformers", model, gate_prefix="A", log_name="a.log")) as a:
+        with place.serve(ServeSpec("transformers", model, gate_prefix="B",
+                                   log_name="b.log")) as b:
+            assert a.ready and b.ready and a.jobid == b.jobid and a.port != b.port
+    with place.serve(ServeSpec("transformers", model, gate_prefix="A, start 2",
+                               log_name="a-2.log")) as again:
+        assert again.ready and again.jobid == a.jobid
+    assert cluster.queue() == [a.jobid]  # held for the stage's other arms
+    stopped = [g for g in stage.gates if g.gate.endswith("server stopped")]
+    assert [g.gate for g in stopped] == ["B: server stopped", "A: server stopped",
+                                         "A, start 2: server stopped"]
+    assert all(g.status == "PASS" and "allocation_gone" not in g.observed for g in stopped)
+    stage.close_resources()  # the stage closes: the allocation is cancelled
+    assert_nothing_left(cluster)
+    with pytest.raises(RuntimeError, match="boom"):
+        with place.serve(ServeSpec("transformers", model, gate_prefix="C", log_name="c.log")):
+            raise RuntimeError("boom")
+    assert place.jobs[-1] != a.jobid and len(place.jobs) == 2
+    last = [g for g in stage.gates if g.gate == "C: server stopped"][0]
+    assert last.status == "PASS" and last.observed["allocation_gone"] is True
+    assert_nothing_left(cluster)

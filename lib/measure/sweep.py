@@ -498,8 +498,11 @@ class ServerLife:
         A server that answered costs no call: recordings from before this check replay."""
         if after["status"] == 200:
             return
+        proc = getattr(server, "step", None) or server.proc  # a cluster's server: its step
+        if proc is None:  # nothing of it runs here to ask (a kube serve: its pods' logs say)
+            return
         for _ in range(EXIT_WAIT_S):
-            code = stage.door.poll(server.proc)
+            code = stage.door.poll(proc)
             if code is not None:
                 self.exit_code, self.died_during = code, cell
                 log = stage.door.read_text(server.log_path) or ""

@@ -2,8 +2,8 @@
 script, the node probe script, and the parsers of what Slurm and the probe print back.
 
 Nothing here runs anything: lib.places.slurm sends these through the door, and a plan for
-slurm (lib.places.plan) can render the same lines and scripts without a cluster. Every script
-rendered here is bash that shellcheck passes (tests/test_slurm_place.py runs it).
+slurm (lib.places.slurm.SlurmPlan) renders the same lines and scripts without a cluster. Every
+script rendered here is bash that shellcheck passes (tests/test_slurm_place.py runs it).
 
 The shapes:
 
@@ -17,7 +17,14 @@ The shapes:
   env by `$SLURM_NODEID` and writes the node's exit code to `<base>-node<N>.rc`, also when
   the step ends it with SIGTERM (its TERM trap lets the command end, then records its code);
 - the probe (`probe_script`): the facts the local place reads, one `probe:<key>=<value>` line
-  each (`parse_probe` reads them back).
+  each (`parse_probe` reads them back);
+- one task on one node of an allocation, beside the others (`task_argv`: `srun --jobid=<id>
+  --overlap -N1 -n1 --nodelist=<node>`): a server (transformers serve, a vLLM leader or
+  worker), AIPerf against it, a read of the served model's config; its environment set by
+  `env` in its argv, so the line says everything the task gets over the exported one;
+- a plan's view of an allocation as one batch script (`batch_script`): the holder's options as
+  `#SBATCH` lines, then every step in the order the place runs them (`task_script`: a one-task
+  step's command as a script of its own).
 """
 from __future__ import annotations
 
@@ -32,6 +39,11 @@ from lib.places.local import meminfo_kib
 # cannot know which ports are free on node 0 (the same one a plan records: plan.py's 29500).
 RDZV_PORT = 29500
 HOLDER = "exec sleep infinity"  # the allocation's batch step: it only holds the nodes
+# A serve's ports on node 0, on a real cluster (this machine cannot know which are free there;
+# a serve beside another in the same allocation takes the next: lib.places.slurm). vLLM's HTTP
+# port, and its data-parallel rendezvous (leader and workers), as the kube place uses them.
+SERVE_PORT = 8000
+DP_RPC_PORT = 29570
 PROBE_PREFIX = "probe:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # srun's report of a task that did not exit 0: "srun: error: n2: task 1: Exited with exit code 3",
@@ -87,8 +99,50 @@ def step_argv(*, jobid: str, nodes: int, out_base: str, time_min: int, script: s
     ]
 
 
+def env_argv(env: dict[str, str] | None = None, unset: Sequence[str] = ()) -> list[str]:
+    """`env -u U ... K=V ...`: what a task gets over the environment srun exports ([] when
+    nothing)."""
+    bad = [k for k in [*(env or {}), *unset] if not ENV_NAME.match(k)]
+    if bad:
+        raise ValueError(f"not an environment variable name: {bad[0]!r}")
+    if not env and not unset:
+        return []
+    return (["env"] + [a for u in unset for a in ("-u", u)]
+            + [f"{k}={v}" for k, v in sorted((env or {}).items())])
+
+
+def task_argv(*, jobid: str, node: str, name: str, time_min: int, chdir: str,
+              argv: Sequence[str], env: dict[str, str] | None = None, unset: Sequence[str] = (),
+              gpus_per_node: int = 0, output: str = "", error: str = "", image: str = "",
+              mounts: Sequence[str] = ()) -> list[str]:
+    """srun of one task on one node of the allocation, beside its other steps (`--overlap`:
+    a server's step and AIPerf's share the node's CPUs, memory and GPUs), named `name` (what
+    `squeue -s` lists, so its steps can be found and cancelled), stdin closed. Its output into
+    `output`/`error` when given, else back through srun (a server's: the door's log file).
+    `image`: in it through pyxis, as step_argv."""
+    container = ([f"--container-image={image}"]
+                 + ([f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}"] if mounts
+                    else [])
+                 + [f"--container-workdir={chdir}"]) if image else []
+    return [
+        "srun", f"--jobid={jobid}", "--overlap", "--nodes=1", "--ntasks=1",
+        f"--nodelist={node}", f"--job-name={name}",
+        *([f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []),
+        "--mpi=none", f"--time={time_min}", f"--chdir={chdir}", "--export=ALL",
+        "--input=none", *([f"--output={output}"] if output else []),
+        *([f"--error={error}"] if error else []),
+        *container, *env_argv(env, unset), *[str(a) for a in argv],
+    ]
+
+
 def cancel_argv(jobid: str) -> list[str]:
+    """scancel of a job (`<jobid>`) or of one of its steps (`<jobid>.<step>`)."""
     return ["scancel", str(jobid)]
+
+
+def steps_argv(jobid: str) -> list[str]:
+    """The job's steps, one `<jobid>.<step>|<name>` line each (its batch step included)."""
+    return ["squeue", "-h", "-s", "-j", str(jobid), "-o", "%i|%j"]
 
 
 def queue_argv(jobid: str) -> list[str]:
@@ -152,6 +206,50 @@ def wrapper_script(name: str, per_node: Sequence[tuple[Sequence[str], dict[str, 
         'printf \'%s\\n\' "$rc" > "$rc_file"',
         'exit "$rc"',
     ]
+    return "\n".join(lines) + "\n"
+
+
+def task_script(name: str, argv: Sequence[str]) -> str:
+    """A one-task step's command as a bash script of its own (a plan shows and checks it)."""
+    return ("#!/bin/bash\n"
+            f"# {name}: one task on one node of the allocation\n"
+            "set -u\n"
+            f"exec {' '.join(shlex.quote(str(a)) for a in argv)}\n")
+
+
+# The options of a step that a batch script's own steps take from their job.
+_JOB_OF_STEP = re.compile(r"^--jobid=")
+# The holder's options that are the holder's own, not the allocation's.
+_HOLDER_ONLY = re.compile(r"^--(parsable|wrap=.*|output=/dev/null)$")
+
+
+def batch_script(name: str, alloc: Sequence[str],
+                 steps: Sequence[tuple[Sequence[str], bool, str]], notes: Sequence[str] = ()
+                 ) -> str:
+    """A plan's view of one allocation as one batch script: `alloc` (alloc_argv's sbatch) as
+    `#SBATCH` lines, then each step (srun argv, whether the place leaves it running in the
+    background, a comment) in the order the place runs them; `--jobid` dropped, since a batch
+    script's steps are its job's. The place itself submits the holder and runs each step from
+    this machine (srun --jobid): the same options, the same commands."""
+    lines = ["#!/bin/bash",
+             "# shellcheck disable=SC2016  # a step's script is one literal word: its '$' is data",
+             f"# {name}: the allocation and its steps, as the slurm place runs them (it submits "
+             "the holder, then each step with srun --jobid from the machine that runs the "
+             "guide)"]
+    lines += [f"# {n}" for n in notes]
+    lines += [f"#SBATCH {a}" for a in alloc[1:] if a.startswith("--")
+              and not _HOLDER_ONLY.match(a)]
+    lines += ["set -u"]
+    background = False
+    for argv, bg, note in steps:
+        if note:
+            lines.append(f"# {note}")
+        words = " ".join(shlex.quote(str(a)) for a in argv if not _JOB_OF_STEP.match(str(a)))
+        lines.append(words + (" &" if bg else ""))
+        background = background or bg
+    if background:
+        lines += ["# the place stops its background steps when their stage is done with them",
+                  "wait"]
     return "\n".join(lines) + "\n"
 
 
@@ -333,6 +431,16 @@ def srun_report(stderr: str) -> dict[int, int]:
         for task in _tasks(m.group(1)):
             codes.setdefault(task, code)
     return codes
+
+
+def parse_steps(text: str) -> list[tuple[str, str]]:
+    """`squeue -h -s -j J -o '%i|%j'` -> [(step id, step name)]."""
+    out = []
+    for line in text.splitlines():
+        step, sep, name = line.strip().partition("|")
+        if sep and step:
+            out.append((step, name))
+    return out
 
 
 def parse_rc(text: str | None) -> int | None:

@@ -196,4 +196,8 @@ def tool(name: str) -> str:
 def plan_place(stage) -> Place:
     """The plan of the place `plan_for` names."""
     target = stage.params.get("plan_for") or "kube"
-    return KubePlan(stage) if target == "kube" else PlanPlace(stage, target)
+    if target == "kube":
+        return KubePlan(stage)
+    from lib.places.slurm import SlurmPlan  # the slurm place's own code, planning
+
+    return SlurmPlan(stage)

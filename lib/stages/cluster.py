@@ -38,7 +38,7 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
         gates.append(gate("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)", True, gpus, ">= 2",
                           evidence=evidence))
     else:
-        gates.append(skip("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)",
+        gates.append(skip(name("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)"),
                           needs.no_gpus.format(gpus=gpus), evidence))
     gates.append(efa_gate(facts, needs, evidence, name))
     gates.append(gdrdrv_gate(facts, needs, evidence, name))
@@ -50,7 +50,7 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
                           needs.no_hugepages or "no hugepages allocated on the node: the EFA "
                           "path (libfabric) needs them", evidence))
     else:
-        gates.append(skip("hugepages", needs.no_hugepages, evidence))
+        gates.append(skip(name("hugepages"), needs.no_hugepages, evidence))
     if "cluster_access" not in facts:  # this host: which cluster clients it has
         gates.append(skip("kubectl access to a cluster", needs.no_cluster_access.format(
             kubectl=facts['kubectl_client'] or 'absent'), evidence))
@@ -74,13 +74,13 @@ def efa_gate(facts: dict, needs: NodeNeeds, evidence: list[str], name=lambda g: 
                     f"{needs.efa}", evidence)
     if found:
         return gate("EFA devices", True, found, "> 0", evidence=evidence)
-    return skip("EFA devices", needs.no_efa, evidence)
+    return skip(name("EFA devices"), needs.no_efa, evidence)
 
 
 def gdrdrv_gate(facts: dict, needs: NodeNeeds, evidence: list[str], name=lambda g: g):
     version = parse_version(facts["gdrdrv_version"])
     if version is None and not needs.gdrdrv:
-        return skip("gdrdrv >= 2.5", needs.no_gdrdrv, evidence)
+        return skip(name("gdrdrv >= 2.5"), needs.no_gdrdrv, evidence)
     if version is None:
         return gate(name("gdrdrv >= 2.5"), False, None, ">= 2.5",
                     needs.no_gdrdrv or "gdrdrv is not loaded on the node (/sys/module/gdrdrv/"

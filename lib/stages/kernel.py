@@ -78,7 +78,11 @@ def run_bench(stage: Stage, cfg: dict, name: str) -> tuple[dict | None, list[dic
     result = json.loads(out.read_text()) if out.exists() else None
     streams = list(dict.fromkeys(s for r in runs for s in r.streams))
     evidence = ([stage.rel(out)] if out.exists() else []) + streams
-    return result, bench_result.gates_from_result(result, call.rc, call.stderr, evidence)
+    gates = bench_result.gates_from_result(result, call.rc, call.stderr, evidence)
+    if len(runs) > 1 and any(r.rc != 0 or r.timed_out for r in runs):  # which node died first
+        gates.append(triage.triage_gate({f"node {r.rank}": r.stdout + "\n" + r.stderr
+                                         for r in runs}, evidence=streams))
+    return result, gates
 
 
 def run(stage: Stage) -> dict:

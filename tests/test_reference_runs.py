@@ -56,10 +56,18 @@ def test_the_gpu_reference_runs_cover_the_kernel_and_vllm():
     assert KERNEL_RUNS and VLLM_RUNS
 
 
-@pytest.mark.parametrize("run_id", CLUSTER_RUNS)
-def test_a_cluster_run_says_what_was_real_and_serves_sixteen_ranks(run_id):
-    """A run on the test cluster: its level names the simulated nodes (the book shows it), its
-    serve proves the backend and NCCL's EFA provider on all 16 ranks of two nodes."""
+KUBE_RUNS = [r for r in CLUSTER_RUNS if context_of(r) == "kube"]
+SLURM_RUNS = [r for r in CLUSTER_RUNS if context_of(r) == "slurm"]
+
+
+def test_the_cluster_paths_have_a_committed_run_each():
+    assert KUBE_RUNS and SLURM_RUNS
+
+
+@pytest.mark.parametrize("run_id", KUBE_RUNS)
+def test_a_kube_run_says_what_was_real_and_serves_sixteen_ranks(run_id):
+    """A run on the test control plane: its level names the simulated nodes (the book shows
+    it), its serve proves the backend and NCCL's EFA provider on all 16 ranks of two nodes."""
     run = RESULTS / run_id
     assert "nodes simulated" in evidence.read_json(run / "run.json")["level"]
     assert "nodes simulated" in report.verification_level(report.run_record(run))
@@ -68,6 +76,19 @@ def test_a_cluster_run_says_what_was_real_and_serves_sixteen_ranks(run_id):
     assert served["nccl_init_per_rank"]["observed"]["ranks_complete"] == list(range(16))
     assert served["efa_provider_per_rank"]["status"] == "PASS"
     assert "Serving: vLLM, EP over 16 GPUs" in report.run_setup(run)
+
+
+@pytest.mark.parametrize("run_id", SLURM_RUNS)
+def test_a_slurm_run_measured_across_both_nodes_with_a_real_scheduler(run_id):
+    run = RESULTS / run_id
+    assert "scheduler real" in evidence.read_json(run / "run.json")["level"]
+    for stage in ("00_cluster", "03_kernel_test", "04_serve", "05_sweep"):
+        assert not [g for g in evidence.read_gates(run / stage) if g["status"] == "FAIL"], stage
+    nodes = evidence.read_json(run / "00_cluster" / "nodes.json")
+    assert [n["node"] for n in nodes] == ["n1", "n2"]
+    result = evidence.read_json(run / "03_kernel_test" / "result.json")
+    assert result["correct"] and result["config"]["world_size"] == 2
+    assert [r["correct"] for r in result["ranks"]] == [True, True]  # a rank on each node
 
 
 @pytest.mark.parametrize("run_id", VLLM_RUNS)

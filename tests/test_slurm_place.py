@@ -364,6 +364,16 @@ def test_a_node_killed_mid_run_comes_back_with_its_code_and_nothing_is_left(clus
     assert "SIGTERM" in runs[0].stderr  # ended by --kill-on-bad-exit, its code still recorded
     assert runs[1].streams[0].endswith("node1.out") and runs[1].streams[-1].startswith("calls/")
     assert_nothing_left(cluster, seen["pids"])
+    # the triage names the node that died first: killed without a word, the other stopped after
+    first = kernel.first_failure(runs, [s for r in runs for s in r.streams])
+    assert first["status"] == "FAIL" and "in node 1 failed first" in first["reason"]
+    assert "Killed" in first["reason"]  # the wrapper's own line: the shell saw its child killed
+    # a death with no line at all: the exit codes name the node, the launcher's SIGTERM a symptom
+    from lib.measure import triage
+    silent = triage.first_failure_gate({"node 0": "", "node 1": ""},
+                                       {"node 0": 143, "node 1": 137})
+    assert silent["reason"].startswith("node 1 (exit 137, killed: SIGKILL) failed first")
+    assert "node 0 exited 143: stopped by the launcher after it" in silent["reason"]
 
 
 @needs_slurm

@@ -684,3 +684,32 @@ def triage_gate(logs: Mapping[str, str], *, name: str = GATE_FIRST_RANK,
               else []) + first["context"]
     quotes += t.get("symptom_quotes", [])[:4]
     return gate(name, False, observed, expected, reason, ev + quotes).as_dict()
+
+
+# Exit codes a node's process gets when its launcher stops it because another node failed first
+# (srun --kill-on-bad-exit, torchrun: SIGTERM), as a shell reports them: symptoms, not causes.
+STOPPED_BY_LAUNCHER = (143, -15)
+
+
+def first_failure_gate(outputs: Mapping[str, str], codes: Mapping[str, int | None], *,
+                       evidence: Sequence[str] | None = None) -> dict:
+    """Which node of a multi-node job failed first: from the logs (`triage_gate`) when a log
+    names an error; else from the exit codes, when a process died without a word (SIGKILL,
+    the OOM killer): the node whose code is not its launcher's SIGTERM, the others' 143
+    counted as symptoms. PASS when every code is 0 and no log holds an error line."""
+    from_logs = triage_gate(outputs, evidence=evidence)
+    if from_logs["status"] == "FAIL" or all(c == 0 for c in codes.values()):
+        return from_logs
+    causes = {n: c for n, c in codes.items() if c not in (0, *STOPPED_BY_LAUNCHER)}
+    stopped = sorted(n for n, c in codes.items() if c in STOPPED_BY_LAUNCHER)
+    if not causes:
+        return gate(GATE_FIRST_RANK, False, dict(codes), "exit code 0 on every node",
+                    f"every failed node was stopped by its launcher (SIGTERM: {', '.join(stopped)}"
+                    "); none says why in its log", list(evidence or [])).as_dict()
+    named = ", ".join(f"{n} (exit {c}{', killed: SIGKILL' if c in (137, -9) else ''})"
+                      for n, c in causes.items())
+    return gate(GATE_FIRST_RANK, False, dict(codes), "exit code 0 on every node",
+                f"{named} failed first, without an error line in its log; "
+                + (f"{', '.join(stopped)} exited 143: stopped by the launcher after it, a "
+                   "symptom" if stopped else "no other node failed"),
+                list(evidence or [])).as_dict()

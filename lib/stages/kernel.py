@@ -80,9 +80,15 @@ def run_bench(stage: Stage, cfg: dict, name: str) -> tuple[dict | None, list[dic
     evidence = ([stage.rel(out)] if out.exists() else []) + streams
     gates = bench_result.gates_from_result(result, call.rc, call.stderr, evidence)
     if len(runs) > 1 and any(r.rc != 0 or r.timed_out for r in runs):  # which node died first
-        gates.append(triage.triage_gate({f"node {r.rank}": r.stdout + "\n" + r.stderr
-                                         for r in runs}, evidence=streams))
+        gates.append(first_failure(runs, streams))
     return result, gates
+
+
+def first_failure(runs: list, streams: list[str]) -> dict:
+    """The gate naming the node (or rank) of a multi-node job that failed first."""
+    return triage.first_failure_gate({f"node {r.rank}": r.stdout + "\n" + r.stderr
+                                      for r in runs},
+                                     {f"node {r.rank}": r.rc for r in runs}, evidence=streams)
 
 
 def run(stage: Stage) -> dict:
@@ -143,9 +149,7 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
         num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=place.transport,
         dc_p50_max_us=testep.CONTRACT_DC_P50_US if place.transport == "efa" else None)
     if any(r.rc not in (0, None) or r.timed_out for r in runs) and len(runs) > 1:
-        gates.append(triage.triage_gate({stream: run.stdout + run.stderr
-                                         for run, stream in zip(runs, streams)},
-                                        evidence=streams))
+        gates.append(first_failure(runs, streams))
     try:
         case = first_case(parse_test_ep_text(text, source=streams[0] if streams else "test_ep"))
     except ValueError:

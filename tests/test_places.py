@@ -178,3 +178,29 @@ def test_papermill_plans_04_for_two_nodes_touching_no_cluster(tmp_path):
         "vllm: manifests valid (kubernetes-validate --strict 1.36)"] == "PASS"
     lws = (results / "leaderworkerset" / "04_serve" / "manifests" / "vllm.yaml").read_text()
     assert "kind: LeaderWorkerSet" in lws
+
+
+def test_the_whole_guide_plans_for_kube_through_the_runner(tmp_path, monkeypatch):
+    """`python -m lib.runner run --context plan`: every stage that acts through its place plans
+    (objects rendered, checked, commands recorded), none FAILs, nothing touches a cluster."""
+    from lib import runner
+
+    monkeypatch.setattr(runner, "RESULTS", tmp_path)
+    stages = ["00_cluster", "02_image", "03_kernel_test", "04_serve", "05_sweep", "06_multicomm"]
+    run_dir, rc = runner.run_guide("plan", "plan-1", {"test_ep_tokens": "128",
+                                                      "results_dir": str(tmp_path)}, stages)
+    assert rc == 0
+    for stage, name in (("00_cluster", "node-probes"), ("03_kernel_test", "test-ep-at-128-tokens"),
+                        ("04_serve", "vllm"), ("05_sweep", "vllm"),
+                        ("06_multicomm", "vllm-epnc1-1")):
+        assert (run_dir / stage / "manifests" / f"{name}.yaml").exists(), (stage, name)
+        gates = json.loads((run_dir / stage / "gates.json").read_text())
+        assert not [g for g in gates if g["status"] == "FAIL"], stage
+        assert any(g["gate"].startswith(f"{name}: manifests valid") and g["status"] == "PASS"
+                   for g in gates), (stage, [g["gate"] for g in gates])
+    calls = read_transcript(run_dir / "transcript.jsonl")
+    ran = {e["key"][0].rsplit("/", 1)[-1] for e in calls if e["kind"] == "run"
+           and e["stage"] != "_run"}
+    assert ran <= {"kubernetes-validate", "shellcheck", "hadolint", "git"}, ran
+    # 02 plans the image's verify script as a pod on a node
+    assert (run_dir / "02_image" / "manifests" / "verify-image.yaml").exists()

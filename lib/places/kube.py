@@ -321,8 +321,6 @@ class KubePlace(Place):
         (docker/verify-image.sh, in the image as /usr/local/bin/verify-image.sh) as a pod on one
         node with the node's GPUs (its import checks need the driver)."""
         image = self._image()
-        self.stage.add(skip("docker build", f"the kube place runs the image it is given "
-                            f"({image}); 02 builds one where a Docker engine answers"))
         name = "verify-image"
         objects = manifests.rank_objects(
             **self._where(), name=name, image=image, nodes=1,
@@ -344,6 +342,8 @@ class KubePlace(Place):
             summary = next((line for line in reversed(text.splitlines())
                             if line.startswith("verify-image:")), "no summary line")
             node = ((statuses.get(pod) or {}).get("spec") or {}).get("nodeName")
+            self.stage.add(skip("docker build", f"the kube place runs the image it is given "
+                                f"({image}); 02 builds one where a Docker engine answers"))
             self.stage.add(gate("verify-image.sh in the image", rc == 0, summary,
                                 "every check PASS", f"on node {node}: exit {rc}",
                                 [self.stage.rel(self.stage.path("pods", f"{pod}.log"))]))

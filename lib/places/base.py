@@ -24,6 +24,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lib.engines.transformers import Server
+
+
+@dataclass
+class ClusterServer(Server):
+    """A server a cluster place runs (its pods or steps), with the fields 04-06 read of a vLLM
+    serve (lib.engines.vllm_server.VllmServer's): the place that serves it, the backend asked,
+    DP over every node, the leader's argv and env, and the gates its logs earned."""
+    place: Any = None
+    backend: str = ""
+    gpus: int = 0  # vLLM: DP = nodes x GPUs per node
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    startup_s: float | None = None
+    backend_gates: list[dict] | None = None  # None: no log proves a backend (transformers)
+
+    @property
+    def backend_ok(self) -> bool:
+        return bool(self.backend_gates) and all(g["status"] == "PASS"
+                                                for g in self.backend_gates)
+
 
 class Unsupported(Exception):
     """This place cannot do what the stage asked; str(exc) is the stage's SKIP reason."""

@@ -34,9 +34,9 @@ from lib.core.door import CallResult, HttpResult
 from lib.core.evidence import Gate, gate, skip
 from lib.engines import vllm_logs
 from lib.engines.model_facts import routed_experts
-from lib.engines.transformers import Server
 from lib.places import manifests, stream
-from lib.places.base import NodeNeeds, NodeRun, Place, RankJob, ServeSpec, Unsupported
+from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
+                             Unsupported)
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
@@ -71,26 +71,14 @@ class NotScheduled(Exception):
 
 
 @dataclass
-class KubeServer(Server):
+class KubeServer(ClusterServer):
     """A vLLM serve on the cluster: `url` is the leader Service's address inside the cluster."""
-    place: Any = None
     pods: list[str] = field(default_factory=list)
-    backend: str = ""
-    gpus: int = 0
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    startup_s: float | None = None
-    backend_gates: list[dict] = field(default_factory=list)
     service: str = ""
 
     @property
     def url(self) -> str:
         return f"http://{self.service}:{manifests.HTTP_PORT}"
-
-    @property
-    def backend_ok(self) -> bool:
-        return bool(self.backend_gates) and all(g["status"] == "PASS"
-                                                for g in self.backend_gates)
 
     def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
         """AIPerf as a Job beside the serve (lib.places.manifests.aiperf_job), its files back

@@ -93,7 +93,8 @@ from lib.engines.model_facts import routed_experts
 from lib.engines.transport import unset_vars
 from lib.engines.vllm_args import vllm_serve
 from lib.places import batch
-from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec, Unsupported
+from lib.places.base import (ClusterServer, NodeNeeds, NodeRank, NodeRun, Place, RankJob,
+                             ServeSpec, Unsupported)
 from lib.places.instances import INSTANCE_TYPES
 from lib.places.kube import _CONFIG_SCRIPT, AIPERF_ENV, AIPERF_IN_IMAGE, serve_gates
 from lib.roots import pins as pins_mod
@@ -124,17 +125,10 @@ class _NotAllocated(Exception):
 
 
 @dataclass
-class SlurmServer(transformers.Server):
+class SlurmServer(ClusterServer):
     """A server as steps of an allocation: `url` is node 0's address and the port. For vLLM
     (`backend` set) the fields of lib.engines.vllm_server.VllmServer; for transformers serve
     `backend_gates` stays None (no log to prove a backend)."""
-    place: Any = None
-    backend: str = ""
-    gpus: int = 0  # vLLM: DP = nodes x GPUs per node
-    argv: list[str] = field(default_factory=list)  # vLLM: the leader's (as 04 records it)
-    env: dict[str, str] = field(default_factory=dict)
-    startup_s: float | None = None
-    backend_gates: list[dict] | None = None
     jobid: str = ""
     host: str = ""  # node 0's address
     nodes: list[str] = field(default_factory=list)  # the nodes its steps run on, node 0 first
@@ -147,11 +141,6 @@ class SlurmServer(transformers.Server):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    @property
-    def backend_ok(self) -> bool:
-        return bool(self.backend_gates) and all(g["status"] == "PASS"
-                                                for g in self.backend_gates)
 
     def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
         """AIPerf as a step of the server's allocation on node 0, writing into `out` on the

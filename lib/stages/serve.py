@@ -94,7 +94,7 @@ def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -
                         log=stage.rel(server.log_path), startup_s=server.startup_s,
                         argv=[stage.door.norm(a) for a in server.argv], env=server.env,
                         backend_gates=[g["gate"] + ": " + g["status"]
-                                       for g in server.backend_gates])
+                                       for g in server.backend_gates or []])
             if server.ready:
                 answers(stage, place, server, model, data)
             else:

@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 from lib import runner
-from lib.core.door import REPO_ROOT
 from lib.stages import registry
 from lib.stages.opening import LEVEL_ENV
 
@@ -33,7 +32,7 @@ except ImportError:
 
 STAGES = ["00_cluster", "03_kernel_test", "04_serve", "05_sweep"]
 PARAMS = {
-    "venv": str(REPO_ROOT / ".venv"), "nodes": "2", "ranks": "1", "engine": "transformers",
+    "venv": ".venv",  # relative to the repository: the run replays in any checkout "nodes": "2", "ranks": "1", "engine": "transformers",
     "gpus_per_node": "0", "efa_per_node": "0",
     "concurrency": "1", "repeats": "1", "request_count": "4", "requests_per_slot": "0",
     "warmup_requests": "1", "warmup_full_batch": "false", "input_tokens": "32",

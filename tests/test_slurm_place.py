@@ -35,7 +35,7 @@ except ImportError:  # tests/ imported as a package
     from tests import slurmlocal
 
 SHELLCHECK = REPO_ROOT / ".venv" / "bin" / "shellcheck"
-VENV = str(REPO_ROOT / ".venv")
+VENV = ".venv"  # relative to the repository, as a run that replays anywhere records it
 needs_slurm = pytest.mark.skipif(
     not slurmlocal.installed(),
     reason=(f"slurm-wlm/munge not installed (missing: {', '.join(slurmlocal.missing_commands())})"

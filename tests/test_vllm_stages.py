@@ -192,8 +192,7 @@ def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measur
     """The graphs arm answers each prompt with the recorded answer to the next one (as a serve
     whose MoE computes something else would): `graphs+EP answers as eager+EP` FAILs naming the
     prompts and positions; the no-EP arm still PASSes; the throughput is measured and gated as
-    before, so the FAIL stands beside its numbers; a replay gives the same gates. With
-    answer_prompts 0 nothing is asked and no answer gate is made."""
+    before, so the FAIL stands beside its numbers; a replay gives the same gates."""
     run_dir = two_gpus(tmp_path, monkeypatch, "serve", wrong_answers=True)
     s06, data = serve_then_06(run_dir, ONE_LEVEL)
     gates = {g.gate: g for g in s06.gates}
@@ -212,11 +211,8 @@ def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measur
     replay.finish()
     assert {g.gate: g.status for g in replay.gates} == {g.gate: g.status for g in s06.gates}
 
-    quiet_dir = tmp_path / "quiet"
-    quiet, measured = serve_then_06(quiet_dir, {"answer_prompts": 0, **ONE_LEVEL})
-    assert len(measured["ratios"]) == 2
-    assert not [g for g in quiet.gates if " answers as " in g.gate]
-    assert asked(quiet_dir, "06_multicomm") == 0
+    # answer_prompts 0 (nothing asked, no answer gate) is what the runs recorded before the
+    # check replay with (gpu-2xh200-vllm-20261201's 06, in make nbval): not run again here
 
 
 def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):
@@ -328,7 +324,7 @@ DEEPEP_06 = (Path(__file__).resolve().parents[1] / "results" / "gpu-2xh200-deepe
              / "06_multicomm")
 
 
-def serve_then_06_on_deepep_v2(tmp_path, monkeypatch, **double_logs):
+def serve_then_06_on_deepep_v2(tmp_path, monkeypatch, extra: dict | None = None, **double_logs):
     """04 then 06 on deepep_v2 (the intranode contract) against the vLLM double replaying
     `double_logs` beside the recorded eager+EP log; the two DeepEP servers crash as on 2x H200
     when started beside each other. Returns (run_dir, s04, s06, 06's data, the stage opener for
@@ -337,7 +333,7 @@ def serve_then_06_on_deepep_v2(tmp_path, monkeypatch, **double_logs):
                             **double_logs)
     serve_with(monkeypatch, double)
     run_dir = tmp_path / "run"
-    deepep = deepep_params(tmp_path)
+    deepep = {**deepep_params(tmp_path), **(extra or {})}
 
     def stage(name: str, replay: bool = False) -> Stage:
         return open_stage(run_dir, name, replay, extra=deepep)
@@ -358,7 +354,7 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     server gate holds, the three arms are measured, the no-EP arm carries the DeepEP
     environment without --all2all-backend."""
     run_dir, s04, s06, data, stage = serve_then_06_on_deepep_v2(
-        tmp_path, monkeypatch, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
+        tmp_path, monkeypatch, ONE_LEVEL, graphs_log=DEEPEP_06 / "vllm-graphs-ep.log",
         noep_log=DEEPEP_06 / "vllm-eager-noep.log")
     assert {g.status for g in s04.gates} == {"PASS"}, \
         [(g.gate, g.reason) for g in s04.gates if g.status != "PASS"]
@@ -392,7 +388,7 @@ def test_serving_ab_06_on_deepep_v2_from_its_recorded_logs(tmp_path, monkeypatch
     assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
     assert sorted(set(data["summary"]["arm"])) == ["vllm-eager-ep", "vllm-eager-noep",
                                                    "vllm-graphs-ep"]
-    assert len(data["ratios"]) == 4 and all(r["n"] == 2 for r in data["ratios"])
+    assert len(data["ratios"]) == 2 and all(r["n"] == 2 for r in data["ratios"])
     # asked once per arm: eager+EP's second start is not asked again
     assert got["graphs+EP answers as eager+EP"] == "PASS"
     assert asked(run_dir, "06_multicomm") == 3 * len(agreement.PROMPTS)

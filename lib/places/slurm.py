@@ -182,13 +182,22 @@ class SlurmPlace(Place):
         value = self.stage.params.get(name)
         return default if value is None else value
 
+    def _venv(self) -> str | None:
+        """`venv` as a path: as given when absolute, else inside the checkout (which the nodes
+        share): a recorded run then names it relative to the repository and replays in any
+        checkout."""
+        venv = self._param("venv")
+        if not venv or self._param("image"):
+            return None
+        path = Path(str(venv))
+        return str(path if path.is_absolute() else REPO_ROOT / path).rstrip("/")
+
     @property
     def python(self) -> str:
         """The interpreter a node's process runs: the venv's (`venv`, no image), else the
         image's python3."""
-        if self._param("venv") and not self._param("image"):
-            return f"{str(self._param('venv')).rstrip('/')}/bin/python"
-        return "python3"
+        venv = self._venv()
+        return f"{venv}/bin/python" if venv else "python3"
 
     def deepep_dir(self) -> str | None:
         """DeepEP on the nodes: the image's build, or the `deepep_dir` beside the venv."""
@@ -211,17 +220,15 @@ class SlurmPlace(Place):
 
     def _program(self, name: str) -> str:
         """A console script on the nodes: the venv's (`<venv>/bin/<name>`), else the image's."""
-        venv = self._param("venv")
-        if venv and not self._param("image"):
-            return f"{str(venv).rstrip('/')}/bin/{name}"
-        return name
+        venv = self._venv()
+        return f"{venv}/bin/{name}" if venv else name
 
     def _aiperf(self) -> tuple[str, dict[str, str]]:
         """AIPerf on the nodes and what it needs set: the repository's `.venv-aiperf` beside
         `venv` (its sibling, as in this checkout), else the image's /opt/aiperf."""
-        venv = self._param("venv")
-        if venv and not self._param("image"):
-            return str(Path(str(venv).rstrip("/")).parent / ".venv-aiperf" / "bin" / "aiperf"), {}
+        venv = self._venv()
+        if venv:
+            return str(Path(venv).parent / ".venv-aiperf" / "bin" / "aiperf"), {}
         return AIPERF_IN_IMAGE, {"PYTHONPATH": AIPERF_ENV["PYTHONPATH"]}
 
     def _in_image(self) -> dict[str, Any]:

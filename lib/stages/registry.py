@@ -86,10 +86,11 @@ _PARAMS = [
           optional(matching(IMAGE_RULE)), {"*": ""},
           "the image the cluster runs (kube: a pod's image; slurm: pyxis's --container-image); "
           "built by 02 from pins.yaml"),
-    Param("venv", "'' or an absolute path", optional(lambda v: v if str(v).startswith("/")
-                                                       and "\x00" not in v else _bad()),
+    Param("venv", "'' or a path (absolute, or relative to the repository), no '..'",
+          optional(lambda v: v if isinstance(v, str) and "\x00" not in v and ".." not in v
+                   else _bad()),
           {"*": ""}, "slurm: a Python environment on the nodes' shared file system, used when "
-                     "no image is given"),
+                     "no image is given (relative: inside the checkout, which the nodes share)"),
     Param("partition", "'' or a Slurm partition name", optional(matching(SLURM_NAME_RULE)),
           {"*": ""}, "slurm: the partition ('' the cluster's default)"),
     Param("account", "'' or a Slurm account name", optional(matching(SLURM_NAME_RULE)),

@@ -32,7 +32,8 @@ except ImportError:
 
 STAGES = ["00_cluster", "03_kernel_test", "04_serve", "05_sweep"]
 PARAMS = {
-    "venv": ".venv",  # relative to the repository: the run replays in any checkout "nodes": "2", "ranks": "1", "engine": "transformers",
+    # venv relative to the repository: the run replays in any checkout
+    "venv": ".venv", "nodes": "2", "ranks": "1", "engine": "transformers",
     "gpus_per_node": "0", "efa_per_node": "0",
     "concurrency": "1", "repeats": "1", "request_count": "4", "requests_per_slot": "0",
     "warmup_requests": "1", "warmup_full_batch": "false", "input_tokens": "32",

@@ -100,6 +100,7 @@ def run_without_fail(run_dir: Path, name: str, run,
 
 ONE_LEVEL = {"concurrency": "1"}  # one level where a test's point needs no second (AIPerf's
 # start-up, ~6 s a cell, is most of these tests' time)
+SWEEP_ONCE = {**ONE_LEVEL, "repeats": 1}  # 05's one cell: the loop, the gates, the counter
 
 
 def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
@@ -120,11 +121,11 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         "allgather_reducescatter"
 
     loops = spy_on_the_loop(monkeypatch)
-    s05, data, got = run_without_fail(run_dir, "05_sweep", sweep_stage.run, ONE_LEVEL)
+    s05, data, got = run_without_fail(run_dir, "05_sweep", sweep_stage.run, SWEEP_ONCE)
     counted = [g for g in s05.gates if g.gate.endswith("vLLM counted the generated tokens")]
-    assert len(counted) == 3 and all(g.status == "PASS" for g in counted)
+    assert len(counted) == 1 and all(g.status == "PASS" for g in counted)
     assert all(g.observed >= 3 * 8 for g in counted)
-    assert len(data["summary"]) == 3 and set(data["summary"]["arm"]) == {"vllm"}
+    assert len(data["summary"]) == 1 and set(data["summary"]["arm"]) == {"vllm"}
     assert (run_dir / "05_sweep" / "metrics" / "repeat_1" / "c1.before.prom").exists()
     assert got["server resident memory under 1.5 GiB"] == "SKIP"
 
@@ -162,8 +163,8 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     # replay: the three stages re-computed from the transcript alone
     for name, runner in (("04_serve", serve_stage.run), ("05_sweep", sweep_stage.run),
                          ("06_multicomm", lever.run)):
-        replay = open_stage(run_dir, name, replay=True,
-                            extra=None if name == "04_serve" else ONE_LEVEL)
+        replay = open_stage(run_dir, name, replay=True, extra={
+            "04_serve": None, "05_sweep": SWEEP_ONCE}.get(name, ONE_LEVEL))
         runner(replay)
         replay.finish()
 
@@ -408,7 +409,7 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
     other arms are measured and gated as usual; the graphs ratios FAIL with no paired repeat; a
     replay computes the same gates."""
     run_dir, _, s06, data, stage = serve_then_06_on_deepep_v2(
-        tmp_path, monkeypatch, noep_log=DEEPEP_06 / "vllm-eager-noep.log",
+        tmp_path, monkeypatch, ONE_LEVEL, noep_log=DEEPEP_06 / "vllm-eager-noep.log",
         traffic_crash_log=DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG)
     gates = {g.gate: g for g in s06.gates}
     died = gates["graphs+EP, start 1: server up through its cells"]
@@ -421,16 +422,14 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
     # the servers that lived have no such gate: their token-count gates read /metrics after
     # every cell (so a run recorded before this gate replays)
     assert [g for g in gates if g.endswith("server up through its cells")] == [died.gate]
-    assert gates["aiperf vllm-eager-ep c2 repeat 2: vLLM counted the generated tokens"].status \
+    assert gates["aiperf vllm-eager-ep c1 repeat 2: vLLM counted the generated tokens"].status \
         == "PASS"
     # the crash's own cell FAILs; every later graphs+EP cell is a SKIP, never a FAIL
     assert gates["aiperf vllm-graphs-ep c1 repeat 1: AIPerf exit 0"].status == "FAIL"
     later = [g for g in s06.gates if g.gate.startswith("aiperf vllm-graphs-ep")
              and g.gate.endswith(": measured")]
     assert [(g.gate, g.status) for g in later] == [
-        ("aiperf vllm-graphs-ep c2 repeat 1: measured", "SKIP"),
-        ("aiperf vllm-graphs-ep c1 repeat 2: measured", "SKIP"),
-        ("aiperf vllm-graphs-ep c2 repeat 2: measured", "SKIP")]
+        ("aiperf vllm-graphs-ep c1 repeat 2: measured", "SKIP")]
     assert all(g.reason == "not run: graphs+EP, start 1's server exited (code 1) during aiperf "
                "vllm-graphs-ep c1 repeat 1" for g in later)
     starts = [json.loads(line) for line in (run_dir / "transcript.jsonl").read_text().splitlines()
@@ -440,7 +439,7 @@ def test_a_server_that_dies_under_traffic_fails_its_gate_and_its_arm_is_measured
         "vllm-eager-ep-2.log"]
     summary = data["summary"]
     assert len(summary[summary.arm == "vllm-graphs-ep"]) == 1  # the one cell that ran
-    assert len(summary[summary.arm == "vllm-eager-ep"]) == 4
+    assert len(summary[summary.arm == "vllm-eager-ep"]) == 2
     fails = {g.gate for g in s06.gates if g.status == "FAIL"}
     assert all("graphs" in name for name in fails), sorted(fails)
     ratios = {(r["b"], r["concurrency"]): r for r in data["ratios"]}

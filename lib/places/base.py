@@ -19,6 +19,7 @@ yet): the engine a stage serves with when its `engine` parameter is '' comes fro
 """
 from __future__ import annotations
 
+import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,18 @@ class ClusterServer(Server):
     def backend_ok(self) -> bool:
         return bool(self.backend_gates) and all(g["status"] == "PASS"
                                                 for g in self.backend_gates)
+
+
+def saved_model_config(stage, call) -> tuple[dict | None, str | None]:
+    """A served model's config.json as a cluster place read it (a command's output): kept as
+    the stage's model_config.json; (its dict or None, the file or None)."""
+    if not call.ok:
+        return None, None
+    saved = stage.write_text("model_config.json", call.stdout)
+    try:
+        return json.loads(call.stdout), saved
+    except ValueError:
+        return None, saved
 
 
 class Unsupported(Exception):

@@ -36,7 +36,7 @@ from lib.engines import vllm_logs
 from lib.engines.model_facts import routed_experts
 from lib.places import manifests, stream
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
-                             Unsupported)
+                             Unsupported, saved_model_config)
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
@@ -436,13 +436,7 @@ class KubePlace(Place):
             "exec", server.pods[0], "--", "env", "HF_HUB_OFFLINE=1", "python3", "-c",
             _CONFIG_SCRIPT, model["model_dir"], p["model_revision"] or "main"),
             timeout=KUBECTL_TIMEOUT_S, check=False)
-        if not call.ok:
-            return None, None
-        saved = self.stage.write_text("model_config.json", call.stdout)
-        try:
-            return json.loads(call.stdout), saved
-        except ValueError:
-            return None, saved
+        return saved_model_config(self.stage, call)
 
     def run_aiperf_job(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
                        name: str) -> CallResult:

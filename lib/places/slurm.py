@@ -78,7 +78,6 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
 from __future__ import annotations
 
 import ipaddress
-import json
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -94,7 +93,7 @@ from lib.engines.transport import unset_vars
 from lib.engines.vllm_args import vllm_serve
 from lib.places import batch
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRank, NodeRun, Place, RankJob,
-                             ServeSpec, Unsupported)
+                             ServeSpec, Unsupported, saved_model_config)
 from lib.places.instances import INSTANCE_TYPES
 from lib.places.kube import _CONFIG_SCRIPT, AIPERF_ENV, AIPERF_IN_IMAGE, serve_gates
 from lib.roots import pins as pins_mod
@@ -796,13 +795,7 @@ class SlurmPlace(Place):
             argv=[self.python, "-c", _CONFIG_SCRIPT, model["model_dir"],
                   p.get("model_revision") or "main"], env=env, **self._in_image()),
             timeout=CONFIG_TIMEOUT_S, label="the served model's config.json")
-        if not call.ok:
-            return None, None
-        saved = self.stage.write_text("model_config.json", call.stdout)
-        try:
-            return json.loads(call.stdout), saved
-        except ValueError:
-            return None, saved
+        return saved_model_config(self.stage, call)
 
     def run_aiperf_step(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
                         name: str) -> CallResult:

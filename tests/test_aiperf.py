@@ -16,13 +16,17 @@ import pandas as pd
 import pytest
 
 from lib.measure import aiperf
-from lib.measure.aiperf import SUMMARY_COLUMNS, gate_cells, infer_arm, read_exports
+from lib.measure.aiperf import (PUBLIC_TREE_COLUMNS, SUMMARY_COLUMNS, find_cell_dirs, gate_cells,
+                                infer_arm, read_exports, read_public_tree)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 PUBLIC = FIXTURES / "public-repro"
-VLLM_RESULTS = PUBLIC / "results" / "vllm-deepep-dropin-20260706" / "vllm"
+PUBLIC_RESULTS = PUBLIC / "results"
+PUBLIC_RUN_FOLDER = PUBLIC_RESULTS / "vllm-deepep-dropin-20260706"
+VLLM_RESULTS = PUBLIC_RUN_FOLDER / "vllm"
 EPNC8_C4 = VLLM_RESULTS / "aiperf-epnc8" / "aiperf-vllm-epnc8-c4_isl120"
+EPNC1_C4 = VLLM_RESULTS / "aiperf-epnc1" / "aiperf-deepep-vllm-epnc1-c4_isl120"
 SWEEP_013 = FIXTURES / "aiperf-0.13" / "sweep-c1-c2-c4"
 
 
@@ -184,11 +188,21 @@ def test_013_output_length_mismatch_is_pass_with_note():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path,arm", [
-    ("x/aiperf-vllm-epnc8-c4_isl120", "epnc8"),
-    ("x/aiperf-deepep-vllm-epnc1-c32_isl120", "epnc1"),
+    # A cell folder alone: its whole <words>, the inverse of lib.measure.sweep.cell_dir.
+    ("x/aiperf-vllm-epnc8-c4_isl120", "vllm-epnc8"),
+    ("x/aiperf-deepep-vllm-epnc1-c32_isl120", "deepep-vllm-epnc1"),
+    ("r/05_sweep/aiperf/repeat_1/aiperf-vllm-deepep-v2-decode-c4", "vllm-deepep-v2-decode"),
+    ("r/06_multicomm/aiperf/repeat_1/aiperf-vllm-eager-ep-c4", "vllm-eager-ep"),
+    ("x/aiperf-vllm-epnc8-c4_isl120/repeat_2/something", "vllm-epnc8"),
+    # A cell folder in an aiperf-<arm> folder (the public layout): the arm folder's.
+    ("vllm/aiperf-epnc1/aiperf-deepep-vllm-epnc1-c32_isl120", "epnc1"),
+    ("vllm/aiperf-epnc8/aiperf-vllm-c4_isl120", "epnc8"),
+    ("vllm/aiperf-epnc8/repeat_2/aiperf-vllm-c4_isl120", "epnc8"),
+    # A 0.13 sweep: the sweep folder's name, never the folder above it.
     ("x/aiperf-epnc8/concurrency_4", "epnc8"),
+    ("x/aiperf-deepep-vllm/concurrency_4", "deepep-vllm"),
     ("x/sweep-c1-c2-c4/concurrency_4", "sweep-c1-c2-c4"),
-    ("x/aiperf-vllm-epnc8-c4_isl120/repeat_2/something", "epnc8"),
+    ("fixtures/aiperf-0.13/sweep-c1-c2-c4/concurrency_4", "sweep-c1-c2-c4"),
 ])
 def test_arm_inference_rule(path, arm):
     assert infer_arm(Path(path)) == arm
@@ -204,7 +218,7 @@ def test_repeat_folders(tmp_path):
         shutil.copytree(fixture(EPNC8_C4), tmp_path / f"repeat_{repeat}" / EPNC8_C4.name)
     df = read_exports(tmp_path)
     assert list(df["repeat"]) == [1, 2]
-    assert list(df["arm"]) == ["epnc8", "epnc8"]
+    assert list(df["arm"]) == ["vllm-epnc8", "vllm-epnc8"]
 
 
 def test_two_cells_with_the_same_key_are_refused(tmp_path):
@@ -223,6 +237,170 @@ def test_missing_and_empty_paths_are_errors(tmp_path):
         read_exports(tmp_path / "does-not-exist")
     with pytest.raises(ValueError, match=str(tmp_path)):
         read_exports(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public reproduction's results tree, whole
+# ---------------------------------------------------------------------------------------------
+
+def profiling_concurrencies(arm_folder: Path) -> list[int]:
+    """Each cell's concurrency as AIPerf recorded it in its export's input_config."""
+    concurrencies = []
+    for export in sorted(arm_folder.glob(f"*/{aiperf.EXPORT_NAME}")):
+        phases = json.loads(export.read_text())["input_config"]["phases"]
+        [profiling] = [p for p in phases if p["name"] == "profiling"]
+        concurrencies.append(profiling["concurrency"])
+    return sorted(concurrencies)
+
+
+def test_public_tree_reads_both_arms_apart_with_their_concurrencies():
+    arm_folders = sorted(d for d in fixture(VLLM_RESULTS).iterdir()
+                         if d.is_dir() and d.name.startswith("aiperf-"))
+    assert [d.name for d in arm_folders] == ["aiperf-epnc1", "aiperf-epnc8"]
+    df = read_exports(fixture(PUBLIC_RESULTS))
+    assert sorted(set(df["arm"])) == ["epnc1", "epnc8"]
+    for folder in arm_folders:
+        rows = df[df["arm"] == folder.name.removeprefix("aiperf-")]
+        expected = profiling_concurrencies(folder)
+        assert len(expected) == len(list(folder.glob("aiperf-*-c*")))  # every cell has an export
+        assert sorted(rows["concurrency"]) == expected
+        assert list(rows["repeat"]) == [1] * len(expected)
+        assert all(folder.resolve() in Path(source).parents for source in rows["source"])
+
+
+def test_cli_summarizes_the_public_results_tree():
+    result = run_cli("summarize", "../shared/fixtures/public-repro/results")
+    assert result.returncode == 0, result.stderr
+    for arm in ("epnc1", "epnc8"):
+        assert len(re.findall(rf"^\d+\s+{arm}\s", result.stdout, re.MULTILINE)) == 3
+
+
+def test_cells_named_alike_stay_apart_in_their_arm_folders(tmp_path):
+    # aiperf_sweep.sh names a cell after its ARM; with ARM=vllm for both arms, only the arm
+    # folders tell the two c4 cells apart.
+    for source, arm in ((EPNC1_C4, "epnc1"), (EPNC8_C4, "epnc8")):
+        shutil.copytree(fixture(source),
+                        tmp_path / "vllm" / f"aiperf-{arm}" / "aiperf-vllm-c4_isl120")
+    df = read_exports(tmp_path)
+    assert list(df["arm"]) == ["epnc1", "epnc8"] and list(df["concurrency"]) == [4, 4]
+    originals = {"epnc1": read_exports(EPNC1_C4), "epnc8": read_exports(EPNC8_C4)}
+    for row in df.itertuples():
+        assert row.output_tps == originals[row.arm]["output_tps"].iloc[0]
+
+
+def test_cells_named_alike_without_arm_folders_are_refused(tmp_path):
+    for source, holder in ((EPNC1_C4, "a"), (EPNC8_C4, "b")):
+        shutil.copytree(fixture(source), tmp_path / holder / "aiperf-vllm-c4_isl120")
+    claim = r"two AIPerf cells claim arm='vllm' concurrency=4 repeat=1"
+    with pytest.raises(ValueError, match=claim):
+        read_exports(tmp_path)
+
+
+@pytest.fixture
+def colliding_public_tree(tmp_path) -> Path:
+    results = shutil.copytree(fixture(PUBLIC_RESULTS), tmp_path / "results")
+    vllm = results / PUBLIC_RUN_FOLDER.name / VLLM_RESULTS.name
+    # epnc1's c4 cell filed under epnc8 as well: two cells now claim epnc8 c4 repeat 1.
+    shutil.copytree(vllm / "aiperf-epnc1" / EPNC1_C4.name, vllm / "aiperf-epnc8" / EPNC1_C4.name)
+    return results
+
+
+def test_two_public_cells_claiming_one_key_are_refused(colliding_public_tree):
+    claim = r"two AIPerf cells claim arm='epnc8' concurrency=4 repeat=1"
+    with pytest.raises(ValueError, match=claim) as refused:
+        read_exports(colliding_public_tree)
+    assert EPNC1_C4.name in str(refused.value) and EPNC8_C4.name in str(refused.value)
+    with pytest.raises(ValueError, match=claim):
+        read_public_tree(colliding_public_tree)
+    result = run_cli("summarize", str(colliding_public_tree))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "arm='epnc8' concurrency=4 repeat=1" in result.stderr
+
+
+def test_read_public_tree_says_where_each_row_came_from():
+    tree = read_public_tree(fixture(PUBLIC_RESULTS))
+    assert list(tree.columns) == [*PUBLIC_TREE_COLUMNS, *SUMMARY_COLUMNS]
+    assert PUBLIC_TREE_COLUMNS == ("run_folder", "engine", "date")
+    assert set(tree["run_folder"]) == {PUBLIC_RUN_FOLDER.name}
+    # The engine comes from the run folder's name; the <engine>/ folder inside it must agree.
+    assert set(tree["engine"]) == {VLLM_RESULTS.name}
+    assert set(tree["date"]) == {"2026-07-06"}
+    assert sorted(set(tree["arm"])) == ["epnc1", "epnc8"]
+    pd.testing.assert_frame_equal(tree[list(SUMMARY_COLUMNS)], read_exports(PUBLIC_RUN_FOLDER))
+    pd.testing.assert_frame_equal(read_public_tree(PUBLIC_RUN_FOLDER), tree)
+
+
+def test_read_public_tree_keeps_run_folders_apart(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(fixture(PUBLIC_RUN_FOLDER), results / PUBLIC_RUN_FOLDER.name)
+    # The same run filed again a day later: same engine, same arm folders.
+    shutil.copytree(PUBLIC_RUN_FOLDER, results / "vllm-deepep-dropin-20260707")
+    # A run folder with the microbenchmark alone gives no rows.
+    microbench_only = results / "vllm-deepep-dropin-20260705" / "vllm"
+    microbench_only.mkdir(parents=True)
+    shutil.copy(VLLM_RESULTS / "t2_ep16_2node_test_ep_microbench.json", microbench_only)
+
+    tree = read_public_tree(results)
+    cells_per_run = len(read_exports(PUBLIC_RUN_FOLDER))
+    assert tree.groupby("run_folder").size().to_dict() == {
+        PUBLIC_RUN_FOLDER.name: cells_per_run, "vllm-deepep-dropin-20260707": cells_per_run}
+    dates = tree.groupby("run_folder")["date"].unique().map(list).to_dict()
+    assert dates == {PUBLIC_RUN_FOLDER.name: ["2026-07-06"],
+                     "vllm-deepep-dropin-20260707": ["2026-07-07"]}
+    # Read as one tree the two runs claim the same cells: why the reader goes by run folder.
+    with pytest.raises(ValueError, match="two AIPerf cells claim"):
+        read_exports(results)
+
+
+def test_read_public_tree_refuses_what_it_cannot_place(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        read_public_tree(tmp_path / "does-not-exist")
+    with pytest.raises(ValueError, match="no <engine>-deepep-dropin-<YYYYMMDD> folder"):
+        read_public_tree(tmp_path)
+    shutil.copytree(fixture(PUBLIC_RUN_FOLDER), tmp_path / PUBLIC_RUN_FOLDER.name)
+    stray = shutil.copytree(fixture(SWEEP_013), tmp_path / SWEEP_013.name)
+    with pytest.raises(ValueError, match="outside every") as refused:
+        read_public_tree(tmp_path)
+    assert str(stray / "concurrency_1") in str(refused.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The project's recorded runs read back as they were recorded
+# ---------------------------------------------------------------------------------------------
+
+COMMITTED_STAGES = sorted(d for pattern in ("results/*/05_sweep", "results/*/06_multicomm")
+                          for d in REPO.glob(pattern) if d.is_dir() and find_cell_dirs(d))
+RECORDED_STAGES = [d for d in COMMITTED_STAGES if (d / "summary.csv").is_file()]
+
+
+def stage_id(stage: Path) -> str:
+    return stage.relative_to(REPO / "results").as_posix()
+
+
+def test_there_are_committed_runs_to_compare():
+    assert RECORDED_STAGES, "no committed 05_sweep/06_multicomm with AIPerf cells and summary.csv"
+    assert {s.name for s in RECORDED_STAGES} == {"05_sweep", "06_multicomm"}
+
+
+@pytest.mark.parametrize("stage", COMMITTED_STAGES, ids=stage_id)
+def test_committed_cells_read_back_to_the_folder_they_were_written_to(stage):
+    # lib.measure.sweep.cell_dir writes (arm, C, r) to repeat_<r>/aiperf-<arm>-c<C>.
+    df = read_exports(stage)
+    for row in df.itertuples():
+        source = Path(row.source)
+        assert source.name == f"aiperf-{row.arm}-c{row.concurrency}", source
+        assert source.parent.name == f"repeat_{row.repeat}", source
+
+
+@pytest.mark.parametrize("stage", RECORDED_STAGES, ids=stage_id)
+def test_committed_runs_read_the_arms_their_summary_recorded(stage):
+    recorded = pd.read_csv(stage / "summary.csv")
+    run_dir = stage.parent.resolve()
+    read_back = {(row.arm, row.concurrency, row.repeat,
+                  Path(row.source).relative_to(run_dir).as_posix())
+                 for row in read_exports(stage).itertuples()}
+    assert read_back == {(row.arm, row.concurrency, row.repeat, row.source)
+                         for row in recorded.itertuples()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +482,7 @@ def test_010_run_without_export_is_a_failing_row(tmp_path):
     df = read_exports(run)
     row = df.iloc[0]
     assert not row["has_export"]
-    assert (row["arm"], row["concurrency"]) == ("epnc8", 4)
+    assert (row["arm"], row["concurrency"]) == ("vllm-epnc8", 4)
     assert (row["requests_requested"], row["requests_completed"], row["errors"]) == (40, 0, 40)
     assert row["aiperf_version"] == "0.10.0"  # from server_metrics_export.json
     assert pd.isna(row["output_tps"])

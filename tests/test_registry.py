@@ -18,9 +18,14 @@ def test_the_readme_stage_table_is_the_registry_s():
 
 def test_the_book_s_toc_lists_every_stage_notebook_in_order():
     toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
-    stage_files = [f for f in files if f.startswith("notebooks/")]
-    assert stage_files == [f"notebooks/{name}" for name in registry.STAGES]
+    chapters = [c for part in toc["parts"] for c in part["chapters"]]
+    stage_chapters = [c for c in chapters if c["file"].startswith("book/stages/")]
+    # each stage: its prose page, then its executed notebook as the chapter's one section
+    assert [c["file"] for c in stage_chapters] == [f"book/stages/{n}" for n in registry.STAGES]
+    assert [[s["file"] for s in c["sections"]] for c in stage_chapters] == [
+        [f"notebooks/{name}"] for name in registry.STAGES]
+    for name in registry.STAGES:
+        assert (REPO_ROOT / "book" / "stages" / f"{name}.md").is_file(), name
 
 
 def test_each_committed_notebook_is_its_registry_entry():

@@ -9,6 +9,9 @@ One summary schema for every sweep cell (DESIGN.md "Evidence"), whatever AIPerf 
   ``run_config.json``, ``logs/aiperf.log``; plus ``aggregate/`` and ``sweep_aggregate/`` folders
   that restate the same cells and are therefore never read as cells.
 * Any tree holding many of the above.
+* The public reproduction's results tree,
+  ``results/<engine>-deepep-dropin-<YYYYMMDD>/<engine>/[<arm>/]aiperf-.../``: ``read_public_tree``
+  reads it whole and says per row which run folder, engine and folder-name date it came from.
 
 Conventions (documented once, here):
 
@@ -19,13 +22,24 @@ Conventions (documented once, here):
   ``logs/aiperf.log`` but is not a cell).
 * Profiling numbers only: ``phases/profiling/profile_export_aiperf.json`` is preferred over the
   top-level export, so warm-up requests are never counted.
-* Arm: the ``arm`` argument if given; else, walking from the cell directory up, the first path
-  component shaped ``aiperf-<words>-c<N>[_<anything>]`` gives the last dash-separated word of
-  ``<words>`` (``aiperf-vllm-epnc8-c4_isl120`` -> ``epnc8``,
-  ``aiperf-deepep-vllm-epnc1-c32_isl120`` -> ``epnc1``); else the name of the directory holding
-  the run (for ``concurrency_<N>`` cells, the sweep folder), reduced to its last dash-separated
-  word when it is shaped ``aiperf-<words>`` (``aiperf-epnc8/concurrency_4`` -> ``epnc8``,
-  ``sweep-c1-c2-c4/concurrency_4`` -> ``sweep-c1-c2-c4``).
+* Arm: the ``arm`` argument if given; else from folder names, in this order:
+
+  1. A cell folder shaped ``aiperf-<words>-c<N>[_<anything>]`` (the nearest such component from
+     the cell directory up) that sits in an *arm folder* ``aiperf-<arm>`` (``repeat_<n>`` folders
+     between them skipped) belongs to ``<arm>``: the public reproduction's
+     ``<engine>/[<arm>/]aiperf-...`` layout, where sibling arm folders can hold cells named alike
+     (``aiperf-epnc1/aiperf-deepep-vllm-epnc1-c4_isl120`` -> ``epnc1``,
+     ``aiperf-epnc8/aiperf-vllm-c4_isl120`` -> ``epnc8``).
+  2. Else that cell folder's whole ``<words>``: the exact inverse of the guide's own
+     ``aiperf-<arm>-c<C>`` (``lib.measure.sweep.cell_dir``), so a recorded run reads back the arms
+     its ``summary.csv`` holds (``aiperf-vllm-deepep-v2-decode-c4`` -> ``vllm-deepep-v2-decode``,
+     ``aiperf-vllm-epnc8-c4_isl120`` -> ``vllm-epnc8``). No word is dropped: arms that differ only
+     before their last dash (``vllm-eager-ep``, ``vllm-graphs-ep``) stay apart.
+  3. Else the folder holding the run (for ``concurrency_<N>`` cells, the 0.13 sweep folder), less
+     an ``aiperf-`` prefix (``aiperf-epnc8/concurrency_4`` -> ``epnc8``,
+     ``sweep-c1-c2-c4/concurrency_4`` -> ``sweep-c1-c2-c4``). A sweep folder already is one
+     arm's, so the folder above it is never read (``aiperf-0.13/sweep-c1-c2-c4`` is not arm
+     ``0.13``).
 * Concurrency: the profiling phase of ``input_config`` (export) or ``run_config.json``; else the
   run's variation values; else the folder name (``concurrency_<N>`` or ``...-c<N>_...``).
 * Repeat: the nearest path component ``repeat_<n>`` (e.g. ``.../repeat_2/aiperf-...-c4_isl120``);
@@ -106,6 +120,14 @@ _CELL_NAME_RE = re.compile(r"^aiperf-(?P<words>.+)-c(?P<conc>\d+)(?:_.*)?$")
 _AIPERF_DIR_RE = re.compile(r"^aiperf-(?P<words>.+)$")
 _CONCURRENCY_DIR_RE = re.compile(r"^concurrency_(?P<conc>\d+)$")
 _REPEAT_DIR_RE = re.compile(r"^repeat_(?P<n>\d+)$")
+# The public reproduction's run folder: results/<engine>-deepep-dropin-<YYYYMMDD>/.
+_PUBLIC_RUN_FOLDER_RE = re.compile(r"^(?P<engine>.+?)-deepep-dropin-(?P<date>\d{8})$")
+# What read_public_tree adds before SUMMARY_COLUMNS.
+PUBLIC_TREE_COLUMNS: tuple[str, ...] = (
+    "run_folder",              # <engine>-deepep-dropin-<YYYYMMDD>
+    "engine",                  # <engine> of the run folder's name
+    "date",                    # YYYY-MM-DD in the run folder's name (not always the run's date)
+)
 _NUMBER = r"(\d[\d,]*)"  # AIPerf formats counts with thousands separators: 1,342
 # 0.10: "Phase profiling complete | ..."; 0.13: "Phase profiling (profiling) complete | ..."
 _LOG_COMPLETE_RE = re.compile(
@@ -190,16 +212,27 @@ def find_cell_dirs(root: Path) -> list[Path]:
 # Naming conventions
 # ----------------------------------------------------------------------------------------------
 
+def _arm_folder(cell_folder: Path) -> str | None:
+    """``<arm>`` of the ``aiperf-<arm>`` folder holding a cell folder (repeat folders skipped)."""
+    holder = cell_folder.parent
+    while _REPEAT_DIR_RE.match(holder.name) and holder != holder.parent:
+        holder = holder.parent
+    if _CELL_NAME_RE.match(holder.name):
+        return None  # a cell folder inside another one: the inner name is the cell's own
+    match = _AIPERF_DIR_RE.match(holder.name)
+    return match["words"] if match else None
+
+
 def infer_arm(cell_dir: Path) -> str:
     """Arm from the directory names (rule in the module docstring)."""
     for component in [cell_dir, *cell_dir.parents]:
         match = _CELL_NAME_RE.match(component.name)
         if match:
-            return match["words"].split("-")[-1]
+            return _arm_folder(component) or match["words"]
     # A 0.13 sweep names its cells concurrency_<N>: the arm is the sweep folder's.
     holder = cell_dir.parent if _CONCURRENCY_DIR_RE.match(cell_dir.name) else cell_dir
     match = _AIPERF_DIR_RE.match(holder.name)
-    return match["words"].split("-")[-1] if match else holder.name
+    return match["words"] if match else holder.name
 
 
 def infer_repeat(cell_dir: Path) -> int:
@@ -432,6 +465,47 @@ def read_exports(*paths: str | Path, arm: str | None = None) -> pd.DataFrame:
     frame = _typed(pd.DataFrame(rows))
     return frame.sort_values(["arm", "concurrency", "repeat"], na_position="last",
                              ignore_index=True)
+
+
+def read_public_tree(root: str | Path) -> pd.DataFrame:
+    """The public reproduction's results tree, whole: PUBLIC_TREE_COLUMNS + SUMMARY_COLUMNS.
+
+    ``root`` is the ``results/`` folder holding ``<engine>-deepep-dropin-<YYYYMMDD>/`` run folders,
+    or one run folder. Each run folder is read by ``read_exports`` on its own, so a repeated
+    (arm, concurrency, repeat) is refused within a run folder, never across two engines' folders
+    that name their arms alike. ``date`` is the date in the folder's name, which is not always
+    the run's (the public ``vllm-deepep-dropin-20260706`` holds runs of 2026-07-07). Run folders
+    without AIPerf artifacts (a microbenchmark alone) give no rows.
+
+    Raises FileNotFoundError for a missing root, ValueError for a root with no run folder holding
+    AIPerf artifacts or with AIPerf cells outside every run folder (they would go unreported).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"public results tree does not exist: {root}")
+    run_folders = ([root] if _PUBLIC_RUN_FOLDER_RE.match(root.name) else
+                   sorted(d for d in root.iterdir()
+                          if d.is_dir() and _PUBLIC_RUN_FOLDER_RE.match(d.name)))
+    stray = [c for c in find_cell_dirs(root)
+             if not any(folder in c.parents for folder in run_folders)]
+    if stray:
+        raise ValueError(f"AIPerf cells outside every <engine>-deepep-dropin-<YYYYMMDD> folder "
+                         f"under {root}: {', '.join(map(str, stray))}")
+    frames = []
+    for folder in run_folders:
+        if not find_cell_dirs(folder):
+            continue
+        match = _PUBLIC_RUN_FOLDER_RE.match(folder.name)
+        date = match["date"]
+        frame = read_exports(folder)
+        frame.insert(0, "run_folder", folder.name)
+        frame.insert(1, "engine", match["engine"])
+        frame.insert(2, "date", f"{date[:4]}-{date[4:6]}-{date[6:]}")
+        frames.append(frame)
+    if not frames:
+        raise ValueError(f"no <engine>-deepep-dropin-<YYYYMMDD> folder with AIPerf artifacts "
+                         f"under {root}")
+    return pd.concat(frames, ignore_index=True)
 
 
 def _refuse_duplicate_cells(rows: list[dict[str, Any]]) -> None:

@@ -19,6 +19,10 @@ N_RESAMPLES = 9999
 _STATISTICS: dict[str, Callable[..., Any]] = {"mean": np.mean, "median": np.median}
 
 
+# A bootstrap over fewer paired rounds draws from too few distinct resamples (10 for 3 rounds)
+# to mean anything: below this, the rounds are shown and no interval (the book; issue 23).
+MIN_ROUNDS_FOR_INTERVAL = 5
+
 def _as_values(values: Sequence[float] | np.ndarray | pd.Series, name: str) -> np.ndarray:
     array = np.asarray(pd.Series(values, dtype="float64").dropna(), dtype=float)
     if array.size == 0:

@@ -1,8 +1,11 @@
-"""Build the Jupyter Book (1.x) from one recorded run.
+"""Build the Jupyter Book (1.x) from the committed runs, publishing one run's notebooks.
 
-The book is staged in _build/.src: the prose pages of book/, the run's executed notebooks as the
-stage chapters, and pages generated from the run's evidence (run.md, comparison.md). Then
-`jupyter-book build` renders it into _build/html without executing anything.
+The book is staged in _build/.src: the prose pages of book/, the published run's executed
+notebooks as the stage chapters (each after its stage's prose page, which gets that run's gate
+table), and the pages generated from evidence across every run of the results directory (the
+landing page's answers, results with plots, comparison, coverage, the appendix with a page per
+run). Then `jupyter-book build -W` renders it into _build/html without executing anything:
+a Sphinx warning (a broken link, a missing page) fails the build.
 """
 from __future__ import annotations
 
@@ -13,52 +16,103 @@ from pathlib import Path
 
 import nbformat
 
-from lib.publish import report
+from lib.core import evidence
 from lib.core.door import REPO_ROOT
+from lib.publish import pages
+from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
-GENERATED = {"run.md": report.run_page, "comparison.md": report.comparison_page}
+PUBLIC_TREE = REPO_ROOT.parent / "shared" / "fixtures" / "public-repro" / "results"
 
 
-def stage_sources(run_dir: Path, src: Path) -> Path:
+class BookRefused(evidence.EvidenceError):
+    """The run asked for cannot be published (its evidence was changed, or it is incomplete)."""
+
+
+def public_tree():
+    """The public reproduction's AIPerf results, read whole where a copy is beside the checkout;
+    None elsewhere (the comparison page then says it was not available)."""
+    from lib.measure import aiperf
+
+    if not PUBLIC_TREE.is_dir() or not hasattr(aiperf, "read_public_tree"):
+        return None
+    return aiperf.read_public_tree(PUBLIC_TREE)
+
+
+def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     if src.exists():
         shutil.rmtree(src)
     (src / "notebooks").mkdir(parents=True)
     shutil.copytree(REPO_ROOT / "book", src / "book")
     for name in ("_config.yml", "_toc.yml"):
         shutil.copyfile(REPO_ROOT / name, src / name)
-    level = report.verification_level(report.run_record(run_dir))
+    runs = catalog(results)
+    if run_dir.name not in by_id(runs):  # a run outside the results directory: list it too
+        runs = runs + catalog_one(run_dir)
+    published = by_id(runs)[run_dir.name]
+    ev = pages.Evidence(runs)
+    book = src / "book"
+    write = lambda name, text: (book / name).write_text(text, encoding="utf-8")  # noqa: E731
+    write("intro.md", pages.landing_page((book / "intro.md").read_text(encoding="utf-8"), ev))
+    write("results.md", pages.results_page(ev, book / "figures"))
+    write("comparison.md", pages.comparison_page(ev, public_tree()))
+    write("coverage.md", pages.coverage_page(runs, []))
+    write("history.md", pages.history_page(runs))
+    (book / "runs").mkdir()
+    for run in runs:
+        write(f"runs/{run.run_id}.md", pages.run_page(run, published.run_id))
     for stage in STAGES:
+        prose = book / "stages" / f"{stage}.md"
+        prose.write_text(prose.read_text(encoding="utf-8")
+                         + pages.stage_gates_section(published, stage), encoding="utf-8")
         executed = run_dir / "notebooks" / f"{stage}.ipynb"
-        banner = (f"**Verification level:** {level}. Evidence: `results/{run_dir.name}/{stage}/`.")
+        banner = (f"**Verification level:** {published.level}. Run "
+                  f"[`{published.run_id}`](../book/runs/{published.run_id}.md); evidence: "
+                  f"`results/{run_dir.name}/{stage}/`.")
         if not executed.exists():  # a stage that did not run still has its page, unexecuted
             executed = REPO_ROOT / "notebooks" / f"{stage}.ipynb"
             banner = f"**Not run** in `{run_dir.name}`: this page shows the notebook unexecuted."
         notebook = nbformat.read(executed, as_version=4)
         notebook.cells.insert(1, nbformat.v4.new_markdown_cell(banner))
         nbformat.write(notebook, src / "notebooks" / f"{stage}.ipynb")
-    for name, make in GENERATED.items():
-        (src / "book" / name).write_text(make(run_dir), encoding="utf-8")
-    (src / "book" / "reference_runs.md").write_text(
-        report.reference_runs_page(REPO_ROOT / "results"), encoding="utf-8")
     return src
 
 
-def build(run_dir: Path, out_root: Path = REPO_ROOT) -> Path:
-    """Build into <out_root>/_build/html (the repository's by default)."""
-    run_dir = Path(run_dir).resolve()
+def catalog_one(run_dir: Path):
+    from lib.publish.catalog import read_run
+
+    return [read_run(run_dir, [], reference=run_dir.name)]
+
+
+def refuse_unpublishable(run_dir: Path) -> None:
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a recorded run (no run.json)")
+    problems = evidence.verify(run_dir)
+    if problems:
+        raise BookRefused(f"run {run_dir.name}: its evidence does not match SHA256SUMS, so it "
+                          "is not published: " + "; ".join(problems))
+
+
+def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None) -> Path:
+    """Build into <out_root>/_build/html (the repository's by default) from every run of
+    `results` (the run's own parent directory by default), publishing `run_dir`'s notebooks."""
+    run_dir = Path(run_dir).resolve()
+    refuse_unpublishable(run_dir)
+    results = Path(results).resolve() if results else run_dir.parent
     build_dir = Path(out_root) / "_build"
-    src = stage_sources(run_dir, build_dir / ".src")
+    src = stage_sources(run_dir, build_dir / ".src", results)
     jb = Path(sys.executable).with_name("jupyter-book")
-    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root)],
+    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root), "-W",
+                           "-n", "--keep-going"],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
     log = build_dir / "book-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     index = build_dir / "html" / "index.html"
     if done.returncode != 0 or not index.exists():
-        raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}); see {log}")
+        warnings = [line for line in (done.stdout + done.stderr).splitlines()
+                    if "WARNING" in line or "ERROR" in line]
+        raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}, warnings are "
+                           f"errors); see {log}:\n" + "\n".join(warnings[:20]))
     print(f"book: _build/html/index.html (from run {run_dir.name})", flush=True)
     return index

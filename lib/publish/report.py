@@ -36,13 +36,14 @@ def stage_summary(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _md_table(df: pd.DataFrame) -> str:
-    def cell(v) -> str:
-        text = ", ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else str(v))
-        return text.replace("|", "\\|").replace("\n", " ")
+def _md_cell(v) -> str:
+    text = ", ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else str(v))
+    return text.replace("|", "\\|").replace("\n", " ")
 
+
+def _md_table(df: pd.DataFrame) -> str:
     head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
-    return head + "".join("| " + " | ".join(cell(v) for v in row) + " |\n"
+    return head + "".join("| " + " | ".join(_md_cell(v) for v in row) + " |\n"
                           for row in df.itertuples(index=False))
 
 

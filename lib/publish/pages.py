@@ -1,0 +1,463 @@
+"""The book's generated pages: the landing page's answers, the results page, the appendix (the
+run history and a page per run), the comparison and the coverage.
+
+Every number comes from lib.publish.results (evidence, through the catalog) or from
+lib.measure.published (cited, with source and date). A number whose evidence is missing or whose
+gates failed is written NOT_MEASURED with its reason.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lib.core import evidence
+from lib.measure import published
+from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
+from lib.publish import plots, report
+from lib.publish import results as figures
+from lib.publish.catalog import END_TO_END, Run, by_id
+from lib.stages.registry import STAGES
+
+NOT_MEASURED = "not measured"
+QUESTIONS = (
+    ("works", "Does DeepEP-V2's expert-parallel all-to-all work, kernel and served with vLLM?"),
+    ("fast", "How fast is it, kernel and served?"),
+    ("beats", "When does it beat vLLM's default all-to-all (allgather_reducescatter), and do the "
+              "levers (CUDA graphs, EP_NUM_COMMS) pay?"),
+)
+CITED = f"cited: {published.SOURCE}"
+
+
+def run_link(run_id: str, prefix: str = "") -> str:
+    return f"[`{run_id}`]({prefix}runs/{run_id}.md)"
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    return report._md_table(df)  # the one markdown-table writer (escapes pipes and newlines)
+
+
+def _latest(runs: list[Run], keep) -> Run | None:
+    chosen = [r for r in runs if r.feeds_results and keep(r)]
+    return chosen[-1] if chosen else None
+
+
+def _level(run: Run) -> str:
+    return f"{END_TO_END} ({run.hardware})" if run.level == END_TO_END else run.level
+
+
+# --- the evidence per question -------------------------------------------------------------
+
+class Evidence:
+    """The best evidence for each question, computed once per build from the catalog."""
+
+    def __init__(self, runs: list[Run]):
+        self.runs = runs
+        self.kernel = figures.kernel_points(runs)
+        self.cells = figures.serving_cells(runs)
+        self.serving = figures.serving_points(self.cells)
+        self.ratios = figures.lever_ratios(runs)
+        self.published_kernel = figures.published_kernel_point()
+        self.kernel_run = _latest(runs, lambda r: r.stages.get("03_kernel_test") == "PASS"
+                                  and (r.path / "03_kernel_test" / "test_ep.json").exists())
+        self.deepep_serve = _latest(runs, lambda r: r.serving == "vLLM, deepep_v2"
+                                    and r.stages.get("04_serve") == "PASS")
+
+    def kernel_row(self, series: str, tokens: int) -> float | None:
+        if self.kernel_run is None:
+            return None
+        rows = self.kernel[(self.kernel["run"] == self.kernel_run.run_id)
+                           & (self.kernel["series"] == series) & (self.kernel["tokens"] == tokens)]
+        return float(rows["p50_us"].iloc[0]) if len(rows) else None
+
+    def why_no_kernel(self) -> str:
+        tried = [r.run_id for r in self.runs if (r.path / "03_kernel_test" / "test_ep.json").exists()]
+        if not tried:
+            return "no recorded run has DeepEP's test_ep (03 with a DeepEP build)"
+        return ("no run that may feed results has a passing 03 with test_ep (runs with test_ep: "
+                + ", ".join(tried) + ")")
+
+
+def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
+    return NOT_MEASURED if value is None or pd.isna(value) else f"{value:.{digits}f}{unit}"
+
+
+# --- landing page ---------------------------------------------------------------------------
+
+def answers(ev: Evidence) -> list[str]:
+    """One line per question, each with its verification level; the results page has the rest."""
+    pub = ev.published_kernel
+    cited_kernel = (f"{pub['p50_us']:.1f} us at {pub['tokens']} tokens on 2x p5en over EFA "
+                    f"({CITED}, {pub['date']})")
+    if ev.kernel_run and ev.deepep_serve:
+        works = (f"**Yes on one host**: DeepEP's test_ep passes on every rank at "
+                 f"{', '.join(str(t) for t in sorted(set(ev.kernel[ev.kernel['run'] == ev.kernel_run.run_id]['tokens'])))} "
+                 f"tokens ({run_link(ev.kernel_run.run_id)}) and vLLM serves with "
+                 f"`--all2all-backend deepep_v2`, proven in its log "
+                 f"({run_link(ev.deepep_serve.run_id)}): {END_TO_END}, 2x H200 over NVLink. "
+                 f"Across p5en nodes over EFA: {NOT_MEASURED} here; the public reproduction "
+                 f"reports it working ({CITED}, {pub['date']}).")
+    else:
+        works = (f"{NOT_MEASURED} here: "
+                 + (ev.why_no_kernel() if not ev.kernel_run else "no passing deepep_v2 serve")
+                 + f". Cited: working on 2x p5en ({CITED}, {pub['date']}).")
+    if ev.kernel_run:
+        at = [f"{_fmt(ev.kernel_row('DeepEP test_ep', t))}" for t in (128, 512, 4096)]
+        fast = (f"test_ep dispatch+combine p50 **{' / '.join(at)} us** at 128 / 512 / 4096 tokens "
+                f"per rank on 2x H200 over NVLink ({END_TO_END}, {run_link(ev.kernel_run.run_id)}),"
+                f" against {cited_kernel}: other hardware, not a comparison. Served figures are of "
+                f"a 2-layer model on one host: {{ref}}`results <served>`.")
+    else:
+        fast = f"Kernel: {NOT_MEASURED} here ({ev.why_no_kernel()}); {cited_kernel}."
+    backend = ev.ratios[(ev.ratios["lever"] == "deepep_v2 / allgather_reducescatter")
+                        & ev.ratios["ratio"].notna()]
+    graphs = ev.ratios[(ev.ratios["lever"] == "graphs+EP / eager+EP") & ev.ratios["ratio"].notna()]
+    parts = []
+    if len(backend):
+        parts.append(f"deepep_v2 / allgather_reducescatter output tok/s "
+                     f"**{backend['ratio'].min():.2f} to {backend['ratio'].max():.2f}** over "
+                     f"{len(backend)} cells ({int(backend['rounds'].min())} rounds each, no "
+                     f"interval below {MIN_ROUNDS_FOR_INTERVAL}) on 2x H200 "
+                     f"({END_TO_END}, {run_link(backend['run'].iloc[-1])})")
+    else:
+        parts.append(f"deepep_v2 against allgather_reducescatter: {NOT_MEASURED}")
+    if len(graphs):
+        parts.append(f"CUDA graphs / eager **{graphs['ratio'].min():.2f} to "
+                     f"{graphs['ratio'].max():.2f}** ({run_link(graphs['run'].iloc[-1])}, "
+                     f"{graphs_backend(ev, graphs['run'].iloc[-1])})")
+    epnc = published_epnc_ratio()
+    parts.append(f"EP_NUM_COMMS 8 / 1: {NOT_MEASURED} here (a lever of DeepEP's GIN across "
+                 f"nodes); cited {epnc:.2f}x output tok/s at c32 ({CITED}, 2026-07-07)")
+    return [works, fast, "; ".join(parts) + "."]
+
+
+def graphs_backend(ev: Evidence, run_id: str) -> str:
+    return by_id(ev.runs)[run_id].serving.replace("vLLM, ", "backend ")
+
+
+def published_epnc_ratio(concurrency: int = 32) -> float:
+    table = published.reference_figures().set_index("figure")["value"]
+    return (table[published.serving_figure_name("epnc8", concurrency, "output_tps")]
+            / table[published.serving_figure_name("epnc1", concurrency, "output_tps")])
+
+
+def landing_page(template: str, ev: Evidence) -> str:
+    lines = [f"{i}. **{q}**  \n   {a}" for i, ((_, q), a) in
+             enumerate(zip(QUESTIONS, answers(ev)), start=1)]
+    return template.replace("<!-- answers -->", "\n".join(lines) + "\n\nThe evidence for each "
+                            "answer, with plots: [Results](results.md).")
+
+
+# --- results page ---------------------------------------------------------------------------
+
+def results_page(ev: Evidence, figures_dir: Path) -> str:
+    out = ["# Results\n",
+           "The best evidence for each of the guide's questions, computed from the committed runs "
+           "at build time. Only runs on real GPUs recorded on the place they name feed this page; "
+           "runs with simulated nodes or a tiny served model are in the "
+           "[appendix](history.md) with their level. Each row links to its run's page.\n"]
+    out += works_section(ev)
+    out += fast_section(ev, figures_dir)
+    out += beats_section(ev, figures_dir)
+    return "\n".join(out)
+
+
+def works_section(ev: Evidence) -> list[str]:
+    rows = []
+    run = ev.kernel_run
+    rows.append({"claim": "DeepEP V2's kernels run and are correct (DeepEP's own test_ep, and "
+                          "the guide's torch benchmark checked against a reference)",
+                 "result": "PASS" if run else NOT_MEASURED,
+                 "run": run_link(run.run_id) if run else ev.why_no_kernel(),
+                 "hardware": run.hardware if run else "", "engine": "DeepEP test_ep, EP2, GIN off",
+                 "level": _level(run) if run else ""})
+    serve = ev.deepep_serve
+    reason = "no run that may feed results has a passing 04 on deepep_v2"
+    if serve:
+        info = evidence.read_json(serve.path / "04_serve" / "vllm_serve.json")
+        detail = f"ready {info.get('ready_s')} s; {', '.join(info.get('backend_gates') or [])}"
+    rows.append({"claim": "vLLM serves with --all2all-backend deepep_v2, proven by its log "
+                          "(manager, prepare/finalize, EP split, no fallback)",
+                 "result": f"PASS ({detail})" if serve else NOT_MEASURED,
+                 "run": run_link(serve.run_id) if serve else reason,
+                 "hardware": serve.hardware if serve else "", "engine": serve.serving if serve else "",
+                 "level": _level(serve) if serve else ""})
+    graphs = ev.ratios[(ev.ratios["lever"] == "graphs+EP / eager+EP")]
+    for run_id, rows_of_run in graphs.groupby("run", sort=False):
+        run = by_id(ev.runs)[run_id]
+        measured = rows_of_run["ratio"].notna().all()
+        why = rows_of_run["why_not"].iloc[0]
+        rows.append({"claim": f"vLLM with CUDA graphs on {run.serving.replace('vLLM, ', '')}",
+                     "result": "PASS: served every cell" if measured else f"FAIL: {why}",
+                     "run": run_link(run_id), "hardware": run.hardware, "engine": run.serving,
+                     "level": _level(run)})
+    rows.append({"claim": "across p5en nodes over EFA (EP16, GIN through aws-ofi-nccl)",
+                 "result": f"{NOT_MEASURED} here: no p5en cluster was lent; the Kubernetes and "
+                           "Slurm paths are tested on a real control plane and a real scheduler "
+                           "(see the appendix)",
+                 "run": "", "hardware": published.HARDWARE, "engine": "DeepEP test_ep, vLLM",
+                 "level": f"{CITED}, 2026-07-06: works"})
+    return ["(works)=", "## 1. Does it work?\n", _md_table(pd.DataFrame(rows)),
+            "\nThe answers check (each arm asked the same greedy prompts, `lib.measure.agreement`)"
+            " came after the GPU runs above: none of them carries it yet.\n"]
+
+
+def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
+    out = ["(fast)=", "## 2. How fast?\n", "### Kernel\n"]
+    kernel = ev.kernel
+    if kernel.empty:
+        out.append(f"{NOT_MEASURED}: {ev.why_no_kernel()}.\n")
+    else:
+        plots.kernel_plot(kernel, ev.published_kernel, figures_dir)
+        out.append("![dispatch+combine p50 against tokens per rank](figures/kernel.png)\n")
+        table = kernel.pivot_table(index=["run", "tokens"], columns="series",
+                                   values="p50_us").round(1).reset_index()
+        table["run"] = table["run"].map(run_link)
+        out.append(_md_table(table.fillna(NOT_MEASURED)))
+        pub = ev.published_kernel
+        out.append(f"\nEvery run: 2x H200 over NVLink, EP2, GIN off ({END_TO_END}); the star is "
+                   f"{pub['series']} at {pub['tokens']} tokens, {pub['p50_us']:.1f} us "
+                   f"({pub['hardware']}; {pub['source']}, {pub['date']}): the same kernels and "
+                   "shape on other hardware, shown for scale, not compared. Data: "
+                   "[kernel.csv](figures/kernel.csv).\n")
+    out += ["(served)=", "### Served\n"]
+    if ev.serving.empty:
+        out.append(f"{NOT_MEASURED}: no vLLM run that may feed results has a sweep.\n")
+        return out
+    plots.serving_plot(ev.serving, figures_dir)
+    plots.latency_plot(ev.serving, figures_dir)
+    out.append("vLLM 0.24.0, DP = EP = 2 on 2x H200 over NVLink, a 2-layer seeded model at the "
+               "default model's per-layer shape (not the full model), AIPerf against the server: "
+               f"{END_TO_END}. Not comparable with the public 2x p5en serving figures (other "
+               "model and hardware): see [comparison](comparison.md).\n")
+    out.append("![output tok/s against concurrency per arm](figures/serving.png)\n")
+    out.append("![TTFT and ITL p50 and p99 against concurrency](figures/latency.png)\n")
+    table = ev.serving.copy()
+    table["run"] = table["run"].map(run_link)
+    for column in ("output_tps", "output_tps_min", "output_tps_max", *figures.LATENCIES):
+        table[column] = table[column].round(1)
+    out.append(_md_table(table))
+    dropped = ev.cells[~ev.cells["measured"]]
+    if len(dropped):
+        out.append(f"\n{len(dropped)} AIPerf cells are not plotted (errors, or fewer completed "
+                   "than requested): " + "; ".join(
+                       f"{r.run} {r.stage} {r.arm} c{r.concurrency} repeat {r.repeat}"
+                       for r in dropped.itertuples()) + ".\n")
+    out.append("Data: [serving.csv](figures/serving.csv).\n")
+    return out
+
+
+def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
+    out = ["(beats)=", "## 3. When does it beat allgather_reducescatter, and do the levers pay?\n"]
+    ratios = ev.ratios
+    if ratios["ratio"].notna().any():
+        plots.lever_plot(ratios, figures_dir)
+        out.append("![each ratio and every paired round](figures/levers.png)\n")
+    table = pd.DataFrame({
+        "b / a": ratios["lever"], "shape": ratios["shape"], "concurrency": ratios["concurrency"],
+        "rounds": ratios["rounds"],
+        "ratio": [(_fmt(r, 3) if pd.notna(r) else f"{NOT_MEASURED}: {why}")
+                  for r, why in zip(ratios["ratio"], ratios["why_not"])],
+        "interval (95%)": [f"{lo:.3f} to {hi:.3f}" if lo is not None and pd.notna(lo) else
+                           f"none: {n} rounds, under {MIN_ROUNDS_FOR_INTERVAL}"
+                           for lo, hi, n in zip(ratios["low"], ratios["high"], ratios["rounds"])],
+        "each round": ratios["each_round"].map(lambda v: ", ".join(f"{x:.3f}" for x in v)),
+        "run": ratios["run"].map(run_link),
+    })
+    out.append(_md_table(table))
+    epnc = published_epnc_ratio()
+    out.append(f"\nA round pairs the two arms measured back to back, so each round's b / a is "
+               f"read beside the ratio of medians; with fewer than {MIN_ROUNDS_FOR_INTERVAL} "
+               f"rounds no interval is drawn. All measured on 2x H200 over NVLink, vLLM 0.24.0, a "
+               f"2-layer model ({END_TO_END}).\n\n"
+               f"EP_NUM_COMMS 8 against 1: {NOT_MEASURED} here. It is a lever of DeepEP's GIN "
+               f"across nodes; one host runs with GIN off, and the Kubernetes run's arms are "
+               f"simulated (appendix). Cited: {epnc:.2f}x output tok/s at concurrency 32 on "
+               f"{published.HARDWARE} ({CITED}, 2026-07-07).\n")
+    return out
+
+
+# --- appendix -------------------------------------------------------------------------------
+
+def history_page(runs: list[Run]) -> str:
+    table = pd.DataFrame([{
+        "run": run_link(r.run_id, prefix=""), "date": r.date, "hardware": r.hardware,
+        "context": r.context, "measured": ", ".join(s[:2] for s in r.measured),
+        "verdict": r.verdict, "status": r.label,
+        "replayed by make test": ", ".join(s[:2] for s in r.replayed) or "no",
+        "feeds results": "yes" if r.feeds_results else "no",
+    } for r in runs])
+    return ("# Appendix: every recorded run\n\n"
+            "Every run committed under `results/`, oldest first, failed and superseded ones "
+            "included. A run feeds the [results](results.md) only when it ran on real GPUs on "
+            "the place it names with its evidence intact; the others show their level on their "
+            "page. *Superseded* means a later run on the same hardware measured the same stages "
+            "with the same kernel and engine and passed; *failed attempt* means a stage FAILed "
+            "and no later run repeated it. Stages are named by number (00 to 06).\n\n"
+            + _md_table(table))
+
+
+def run_page(run: Run, published_run: str) -> str:
+    out = [f"# Run `{run.run_id}`\n"]
+    if run.run_id == published_run:
+        out.append("The run whose executed notebooks are the stage chapters of this book.\n")
+    status = {"current": "current", "failed attempt": "a failed attempt, kept as recorded"}.get(
+        run.label, run.label)
+    sealed = {"sealed": "every file matches SHA256SUMS",
+              "unsealed": "incomplete: no SHA256SUMS (interrupted before it was sealed)"}.get(
+        run.seal, f"NOT verified ({run.seal})")
+    guide = run.record.get("guide") or {}
+    out.append(_md_table(pd.DataFrame([
+        {"": "level", " ": run.level},
+        {"": "status", " ": status},
+        {"": "date (UTC)", " ": run.record.get("created_utc", "")},
+        {"": "hardware", " ": run.hardware},
+        {"": "context", " ": f"`{run.context}`"},
+        {"": "kernel", " ": run.kernel or "not run"},
+        {"": "serving", " ": run.serving or "not run"},
+        {"": "feeds the results page", " ": "yes" if run.feeds_results else
+         f"no: {run.why_not_results}"},
+        {"": "evidence", " ": f"`results/{run.run_id}/`, {sealed}"},
+        {"": "guide", " ": f"`{guide.get('git_sha')}` (uncommitted changes: {guide.get('dirty')})"},
+        {"": "replayed by make test", " ": ", ".join(run.replayed) or "no"},
+        {"": "audit", " ": f"`REPRO_REPLAY=results/{run.run_id} pytest --nbval "
+                           f"results/{run.run_id}/notebooks/`"},
+    ])))
+    if run.notes:
+        out.append("\n## Notes recorded with the run\n\n" + demote_headings(run.notes))
+    out.append("\n## Stages\n\n" + _md_table(report.stage_summary(run.path)))
+    kernel = report.kernel_figures(run.path)
+    if kernel:
+        out.append("\n## Kernel test (03)\n")
+        out.append(_md_table(pd.DataFrame([kernel]).T.reset_index().rename(
+            columns={"index": "figure", 0: "value"})))
+    out += [s.replace("\n### ", "\n## ") for s in report.vllm_sections(run.path)]
+    out.append("\n## Gates that did not pass\n\n" + not_passed_gates(run.path))
+    return "\n".join(out)
+
+
+def demote_headings(markdown: str) -> str:
+    """Notes are written with their own headings; on a run page they sit under level 2."""
+    return "\n".join("##" + line if line.startswith("#") else line
+                     for line in markdown.splitlines())
+
+
+def not_passed_gates(run_dir: Path) -> str:
+    """Every FAIL (grouped per AIPerf cell family) and every SKIP with its reason."""
+    gates = report.gates_table(run_dir)
+    failed = gates[gates.status == "FAIL"]
+    skipped = gates[gates.status == "SKIP"]
+    out = []
+    if len(failed):
+        out.append("FAIL:\n\n" + _md_table(report.failed_gate_rows(failed)))
+    if len(skipped):
+        rows = pd.DataFrame({"stage": skipped["stage"], "gate": skipped["gate"],
+                             "reason": skipped["reason"].map(evidence.without_terminal_codes)})
+        out.append("SKIP:\n\n" + _md_table(rows))
+    return "\n".join(out) or "Every gate passed."
+
+
+def stage_gates_section(run: Run, stage: str) -> str:
+    """Appended to a stage's prose page: the published run's gates of that stage, every SKIP's
+    and FAIL's reason shown."""
+    gates = evidence.read_gates(run.path / stage)
+    if gates is None:
+        return (f"\n## Gates in the published run\n\n{NOT_MEASURED}: `{run.run_id}` did not run "
+                "this stage.\n")
+    table = pd.DataFrame([{
+        "gate": g["gate"], "status": g["status"],
+        "observed": "" if g["status"] != "PASS" else report._md_cell(g["observed"])[:120],
+        "expected": report._md_cell(g["expected"])[:80],
+        "reason": evidence.without_terminal_codes(g["reason"])[:300]} for g in gates])
+    return (f"\n## Gates in the published run\n\nRun {run_link(run.run_id, '../')}, "
+            f"{run.level}:\n\n" + _md_table(table))
+
+
+# --- comparison and coverage ----------------------------------------------------------------
+
+def comparison_page(ev: Evidence, public_tree: pd.DataFrame | None) -> str:
+    out = ["# Comparison with published figures\n",
+           f"The public reproduction ({published.SOURCE}) measured {published.HARDWARE}. A "
+           "figure of ours is set beside one of theirs only where the work is the same: the same "
+           "kernels at the same shape. Everything else is said in one line, with why.\n",
+           "## DeepEP test_ep, 128 tokens per rank, hidden 7168, top-8 of 256 experts\n"]
+    table = published.reference_figures()
+    micro = table[table["figure"].str.startswith("test_ep")]
+    run = ev.kernel_run
+    ours = published.figures_from_test_ep_gates(
+        evidence.read_gates(run.path / "03_kernel_test") or []) if run else {}
+    rows = [{"figure": r.figure, f"published ({r.date})": r.value,
+             "ours": _fmt(ours.get(r.figure)),
+             "ours / published": _fmt(ours[r.figure] / r.value, 3) if r.figure in ours else ""}
+            for r in micro.itertuples()]
+    out.append(_md_table(pd.DataFrame(rows)))
+    out.append(f"\nOurs: {run_link(run.run_id) if run else NOT_MEASURED}, EP2 over NVLink on one "
+               "host with GIN off, against EP16 across two nodes over EFA: the same kernels and "
+               "shape, so the ratio says how much the cross-node path costs, not whether the "
+               "reproduction holds. No tolerance band is applied.\n")
+    out.append("## Not compared\n")
+    out.append("- **The torch benchmark** (`lib.bench.moe_a2a`): the same shape, other kernels "
+               "(two all_to_all_single calls); it is the guide's own baseline, in "
+               "{ref}`results <fast>`.")
+    out.append("- **Serving**: ours serve a 2-layer seeded model with vLLM 0.24.0 on one host; "
+               "theirs serve Qwen/Qwen3-30B-A3B-FP8 across two p5en nodes. Different work: no "
+               "ratio is meaningful.")
+    out.append("- **CPU, Kubernetes and Slurm runs**: checks of the guide on this machine (gloo, "
+               "a tiny model, simulated nodes): never compared with a cluster figure.\n")
+    out.append("## The published serving figures, read from their results tree\n")
+    if public_tree is None or public_tree.empty:
+        out.append(f"{NOT_MEASURED}: the public results tree was not available at build time.\n")
+    else:
+        cols = [c for c in ("run_folder", "engine", "date", "arm", "concurrency", "output_tps",
+                            "ttft_p50_ms", "itl_p50_ms") if c in public_tree]
+        out.append(f"{CITED}; {published.HARDWARE}; read by `lib.measure.aiperf` from the "
+                   "reproduction's own AIPerf exports, arms named from their folders:\n")
+        out.append(_md_table(public_tree[cols].round(1)))
+    return "\n".join(out)
+
+
+COVERAGE_PLACES = ("local CPU", "one GPU host", "Kubernetes", "Slurm")
+
+
+def place_of(run: Run) -> str:
+    if run.context == "kube":
+        return "Kubernetes"
+    if run.context == "slurm":
+        return "Slurm"
+    return "one GPU host" if "H200" in run.hardware else "local CPU"
+
+
+def coverage_page(runs: list[Run], cited: list[dict]) -> str:
+    """What the guide runs (from the committed runs), what it only renders, and what the public
+    sources claim (cited, with dates)."""
+    engines = {"vLLM": lambda r: r.serving.startswith("vLLM"),
+               "DeepEP test_ep": lambda r: r.kernel.startswith("DeepEP"),
+               "torch benchmark": lambda r: "torch benchmark" in r.kernel,
+               "transformers serve (tiny model)": lambda r: r.serving.startswith("transformers")}
+    rows = []
+    for engine, ran in engines.items():
+        row = {"engine / lane": engine}
+        for place in COVERAGE_PLACES:
+            mine = [r for r in runs if place_of(r) == place and ran(r)]
+            row[place] = (f"runs ({len(mine)}: latest {run_link(mine[-1].run_id)})" if mine else
+                          RENDER_ONLY.get((engine, place), "not run"))
+        rows.append(row)
+    for claim in cited:
+        rows.append({"engine / lane": claim["engine"], **{p: "not run" for p in COVERAGE_PLACES},
+                     "cited": f"{claim['claim']} ({claim['source']}, {claim['date']})"})
+    table = pd.DataFrame(rows).fillna("")
+    return ("# Coverage\n\nWhat this guide runs, by place, from its committed runs (each cell "
+            "names the latest); what it renders and checks without running (build-only); and "
+            "what public sources claim for the engines it does not run (cited, dated).\n\n"
+            + _md_table(table)
+            + "\n\nKubernetes runs use a real control plane with simulated nodes, Slurm runs a real "
+              "scheduler with its nodes on one CPU host: their levels are on their run pages. "
+              "Pin sets: every run so far used the seed stack (vLLM 0.24.0, DeepEP V2 at its "
+              "pinned commit, NCCL 2.30.4, `pins.yaml`); newer sets are not measured yet.\n")
+
+
+# Rendered and validated (kubernetes-validate, shellcheck) but not run here: build-only.
+RENDER_ONLY = {
+    ("vLLM", "Slurm"): "build-only: leader and worker steps rendered, shellchecked",
+    ("DeepEP test_ep", "Slurm"): "build-only: the test_ep step rendered, shellchecked",
+}

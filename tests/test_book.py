@@ -1,0 +1,163 @@
+"""The book built from the committed runs: answers first, results with plots, the appendix, and
+every number traced to its evidence (a changed number shows, a removed stage says why not)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lib.core import evidence
+from lib.core.door import REPO_ROOT
+from lib.publish import book, pages
+from lib.publish.catalog import catalog
+
+RESULTS = REPO_ROOT / "results"
+REFERENCE = (RESULTS / "REFERENCE").read_text().strip()
+KERNEL_RUN = "gpu-2xh200-deepep-20261130c"     # the latest run with DeepEP's test_ep passing
+BROKEN_SEAL = "gpu-2xh200-deepep-vllm-20261130b"  # committed with a log changed after sealing
+RUN_IDS = sorted(d.name for d in RESULTS.iterdir() if (d / "run.json").is_file())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The real book: every committed run, the reference run's notebooks as the stages."""
+    out = tmp_path_factory.mktemp("book")
+    book.build(RESULTS / REFERENCE, out_root=out)
+    return out / "_build" / "html"
+
+
+def text_of(html: Path) -> str:
+    """A page's words without tags, so a test reads what a reader reads."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.read_text(encoding="utf-8")))
+
+
+def test_the_catalog_says_which_runs_may_feed_results():
+    runs = {r.run_id: r for r in catalog(RESULTS)}
+    assert sorted(runs) == RUN_IDS
+    for run_id in ("kube-ctlplane-20261201", "slurm-2nodes-20261201"):
+        assert not runs[run_id].feeds_results
+        assert runs[run_id].why_not_results == runs[run_id].record["level"]
+    assert not runs[REFERENCE].feeds_results and "CPU host" in runs[REFERENCE].why_not_results
+    assert runs[KERNEL_RUN].feeds_results and runs[KERNEL_RUN].label == "current"
+    # a changed file after sealing: listed, labelled, never a figure
+    assert runs[BROKEN_SEAL].verdict == "refused (evidence changed)"
+    assert not runs[BROKEN_SEAL].feeds_results
+    assert "vllm-eager-ep.log" in runs[BROKEN_SEAL].why_not_results
+    # an earlier test_ep run is superseded by the later one that repeated it and passed
+    assert runs["gpu-2xh200-deepep-20261130b"].superseded_by == KERNEL_RUN
+    assert runs["gpu-2xh200-deepep-20261130"].failed_stages == ["03_kernel_test"]
+
+
+def test_the_landing_page_answers_the_three_questions_with_levels(built):
+    page = text_of(built / "book" / "intro.html")
+    for _, question in pages.QUESTIONS:
+        assert question.split(",")[0] in page
+    test_ep = json.loads((RESULTS / KERNEL_RUN / "03_kernel_test" / "test_ep.json").read_text())
+    at_128 = next(r for r in test_ep if r["tokens"] == 128)["test_ep D+C p50 (us)"]
+    assert f"{at_128:.1f}" in page
+    assert "measured here end-to-end" in page and "cited" in page
+    assert "443.6 us" in page  # the public cross-node figure, cited beside ours
+
+
+def test_the_results_page_has_its_tables_and_plots(built):
+    html = (built / "book" / "results.html").read_text(encoding="utf-8")
+    for name in ("kernel", "serving", "latency", "levers"):
+        assert f"figures/{name}.png" in html or f"{name}.png" in html, name
+    images = {p.name for p in (built / "_images").glob("*.png")}
+    assert {"kernel.png", "serving.png", "latency.png", "levers.png"} <= images
+    assert html.count("<table") >= 4
+    page = text_of(built / "book" / "results.html")
+    assert "1. Does it work?" in page and "2. How fast?" in page
+    # no interval from 3 rounds: every measured ratio row says why
+    assert "none: 3 rounds, under 5" in page
+    # the CUDA-graph arm that died on deepep_v2: a FAIL with its reason, not a blank
+    assert "FAIL: aiperf vllm-graphs-ep" in page
+
+
+def test_the_appendix_lists_every_committed_run_with_a_page_each(built):
+    history = text_of(built / "book" / "history.html")
+    for run_id in RUN_IDS:
+        assert run_id in history, run_id
+        assert (built / "book" / "runs" / f"{run_id}.html").is_file(), run_id
+    page = text_of(built / "book" / "runs" / f"{BROKEN_SEAL}.html")
+    assert "NOT verified" in page and "vllm-eager-ep.log" in page
+
+
+def test_a_stage_chapter_opens_with_prose_and_shows_every_skip_reason(built):
+    page = text_of(built / "book" / "stages" / "02_image.html")
+    gates = evidence.read_gates(RESULTS / REFERENCE / "02_image")
+    for g in gates:
+        if g["status"] != "PASS":
+            assert evidence.without_terminal_codes(g["reason"])[:60].split()[0] in page
+    assert (built / "notebooks" / "02_image.html").is_file()
+
+
+def test_a_tampered_run_is_refused_by_the_book_naming_the_file(tmp_path):
+    with pytest.raises(book.BookRefused, match=r"06_multicomm/vllm-eager-ep\.log"):
+        book.build(RESULTS / BROKEN_SEAL, out_root=tmp_path)
+    assert not (tmp_path / "_build" / "html").exists()
+
+
+def copy_runs(tmp_path: Path, *run_ids: str) -> Path:
+    results = tmp_path / "results"
+    results.mkdir()
+    for run_id in run_ids:
+        shutil.copytree(RESULTS / run_id, results / run_id)
+    (results / "REFERENCE").write_text(REFERENCE + "\n")
+    return results
+
+
+def test_a_changed_number_shows_on_the_rebuilt_results_page_and_plot(tmp_path):
+    results = copy_runs(tmp_path, REFERENCE, KERNEL_RUN)
+    run = results / KERNEL_RUN
+    original = pd.read_csv(_figures_of(results, tmp_path / "before") / "kernel.csv")
+    path = run / "03_kernel_test" / "test_ep.json"
+    rows = json.loads(path.read_text())
+    rows[0]["test_ep D+C p50 (us)"] = 12.345  # 128 tokens: 29.5 us as measured
+    path.write_text(json.dumps(rows, indent=2))
+    assert evidence.verify(run)  # changed: the copy must be sealed anew to be published
+    (run / evidence.SUMS_NAME).unlink()
+    evidence.seal(run)
+    book.build(results / REFERENCE, out_root=tmp_path)
+    html = tmp_path / "_build" / "html"
+    assert "12.3" in text_of(html / "book" / "results.html")
+    assert "12.3 / " in text_of(html / "book" / "intro.html")
+    plotted = pd.read_csv(tmp_path / "_build" / ".src" / "book" / "figures" / "kernel.csv")
+    mine = plotted[(plotted["series"] == "DeepEP test_ep") & (plotted["tokens"] == 128)]
+    assert mine["p50_us"].tolist() == [12.345]
+    assert 12.345 not in original["p50_us"].tolist()
+    before = (tmp_path / "before" / "kernel.png").read_bytes()
+    assert (html / "_images" / "kernel.png").read_bytes() != before
+
+
+def _figures_of(results: Path, out: Path) -> Path:
+    ev = pages.Evidence(catalog(results))
+    pages.results_page(ev, out)
+    return out
+
+
+def test_a_removed_stage_shows_not_measured_with_the_reason(tmp_path):
+    results = copy_runs(tmp_path, REFERENCE, KERNEL_RUN)
+    run = results / KERNEL_RUN
+    shutil.rmtree(run / "03_kernel_test")
+    (run / evidence.SUMS_NAME).unlink()
+    evidence.seal(run)
+    ev = pages.Evidence(catalog(results))
+    results_md = pages.results_page(ev, tmp_path / "figures")
+    kernel = results_md.split("### Kernel", 1)[1].split("###", 1)[0]
+    assert "not measured: no recorded run has DeepEP's test_ep" in kernel
+    works, fast, _ = pages.answers(ev)
+    assert fast.startswith("Kernel: not measured here (no recorded run has DeepEP's test_ep")
+    assert not (tmp_path / "figures" / "kernel.png").exists()
+
+
+def test_a_sphinx_warning_fails_the_build(tmp_path):
+    """-W: a broken cross-reference in a generated page (here, a run's notes) is an error."""
+    results = copy_runs(tmp_path, REFERENCE)
+    (results / f"{REFERENCE}.notes.md").write_text("See [the missing page](missing-page.md).\n")
+    with pytest.raises(RuntimeError, match="warnings are errors"):
+        book.build(results / REFERENCE, out_root=tmp_path)

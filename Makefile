@@ -8,7 +8,7 @@ RUN ?=
 REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
 PIP_QUIET := -q --disable-pip-version-check
 
-.PHONY: run test book venv unit nbval reference kube-plane slurm
+.PHONY: run test book venv unit nbval reference kube-plane slurm chromium
 
 # The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
@@ -52,9 +52,14 @@ kube-plane:
 slurm:
 	scripts/slurm-local.sh install
 
+# Debian's headless Chromium and chromedriver for tests/test_book_browser.py; returns at once
+# when both are installed.
+chromium:
+	scripts/chromium.sh install
+
 # The slowest tests are printed (--durations): `make test` must stay under 20 minutes here.
-unit: venv kube-plane slurm
-	$(PY) -m pytest -q --durations=25 tests
+unit: venv kube-plane slurm chromium
+	REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q --durations=25 tests
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # then the replayable notebooks of the further reference runs (results/REPLAYED), each against

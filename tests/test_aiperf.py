@@ -447,7 +447,6 @@ def test_013_error_request_count_fails_the_cell(tmp_path):
 
     def inject_errors(export):
         export["error_request_count"] = {"unit": "requests", "avg": 6.0}
-        export["completed_request_count"]["avg"] = 34.0
         export["request_count"]["avg"] = 34.0
 
     for export in ("profile_export_aiperf.json", "phases/profiling/profile_export_aiperf.json"):
@@ -460,6 +459,42 @@ def test_013_error_request_count_fails_the_cell(tmp_path):
     assert {g["gate"] for g in failing} == {
         "aiperf sweep c2 repeat 1: zero request errors",
         "aiperf sweep c2 repeat 1: completed == requested"}
+
+
+def test_013_timeouts_are_errors_and_never_counted_as_completed(tmp_path):
+    """AIPerf 0.13 derives completed_request_count as successes + errors ("Completed Requests
+    (Success + Error)"); request_count counts successes. A real run against transformers serve
+    with --request-timeout-seconds shorter than half its answers (tests/test_load.py) exported
+    completed_request_count 24, request_count 13, error_request_count 11 and one error_summary
+    entry of TimeoutError (cause CancelledError) x 11: the edit below has that shape. Completed
+    must read the successes, so completed + errors is every request sent, never more."""
+    sweep = shutil.copytree(fixture(SWEEP_013), tmp_path / "sweep")
+    requested, timed_out = 40, 6
+
+    def time_out_some(export):
+        assert export["completed_request_count"]["avg"] == requested  # stays: success + error
+        export["request_count"]["avg"] = float(requested - timed_out)
+        export["error_request_count"] = {"unit": "requests", "avg": float(timed_out)}
+        export["error_summary"] = [{"error_details": {
+            "type": "TimeoutError", "message": "TimeoutError()", "cause": "CancelledError()",
+            "cause_chain": ["TimeoutError", "CancelledError"]}, "count": timed_out}]
+
+    cell_2 = sweep / "concurrency_2"
+    for export in ("profile_export_aiperf.json", "phases/profiling/profile_export_aiperf.json"):
+        edit_json(cell_2 / export, time_out_some)
+    row = aiperf.read_cell(cell_2)
+    assert row["errors"] == timed_out and row["requests_completed"] == requested - timed_out
+    assert row["requests_completed"] + row["errors"] == row["requests_requested"] == requested
+    assert row["error_details"] == f"{timed_out}x TimeoutError()"
+    gates = gate_cells(read_exports(cell_2))
+    [completed] = gates_by_check(gates, "completed == requested")
+    assert completed["status"] == "FAIL"
+    assert (completed["observed"], completed["expected"]) == (requested - timed_out, requested)
+
+    # without request_count (an export that left it out), the total less the errors
+    for export in ("profile_export_aiperf.json", "phases/profiling/profile_export_aiperf.json"):
+        edit_json(cell_2 / export, lambda e: e.pop("request_count"))
+    assert aiperf.read_cell(cell_2)["requests_completed"] == requested - timed_out
 
 
 def fail_every_request_in_log(log: Path, requests: int) -> None:

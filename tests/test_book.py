@@ -3,6 +3,7 @@ every number traced to its evidence (a changed number shows, a removed stage say
 from __future__ import annotations
 
 import json
+from html import unescape
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
-from lib.publish import book, pages
+from lib.publish import book, pages, scan
 from lib.publish.catalog import catalog
 
 RESULTS = REPO_ROOT / "results"
@@ -32,7 +33,9 @@ def built(tmp_path_factory):
 
 def text_of(html: Path) -> str:
     """A page's words without tags, so a test reads what a reader reads."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.read_text(encoding="utf-8")))
+    words = unescape(re.sub(r"<[^>]+>", " ", html.read_text(encoding="utf-8")))
+    return re.sub(r"\s+", " ", words.replace("\u2019", "'").replace("\u201c", '"')
+                  .replace("\u201d", '"'))
 
 
 def test_the_catalog_says_which_runs_may_feed_results():
@@ -74,8 +77,10 @@ def test_the_results_page_has_its_tables_and_plots(built):
     assert "1. Does it work?" in page and "2. How fast?" in page
     # no interval from 3 rounds: every measured ratio row says why
     assert "none: 3 rounds, under 5" in page
-    # the CUDA-graph arm that died on deepep_v2: a FAIL with its reason, not a blank
-    assert "FAIL: aiperf vllm-graphs-ep" in page
+    # the CUDA-graph arm that died on deepep_v2: a FAIL with the line its server's log says it
+    # died at, and the step it was running, not a blank
+    assert "FAIL: the server died serving: vllm-graphs-ep-1.log:712:" in page
+    assert "index out of bounds" in page and "135 scheduled tokens" in page
 
 
 def test_the_appendix_lists_every_committed_run_with_a_page_each(built):
@@ -96,23 +101,32 @@ def test_a_stage_chapter_opens_with_prose_and_shows_every_skip_reason(built):
     assert (built / "notebooks" / "02_image.html").is_file()
 
 
+def test_the_built_book_publishes_no_identities(built):
+    scan.refuse_identities(built)  # its FAIL path: tests/test_publish_scan.py
+
+
 def test_a_tampered_run_is_refused_by_the_book_naming_the_file(tmp_path):
     with pytest.raises(book.BookRefused, match=r"06_multicomm/vllm-eager-ep\.log"):
         book.build(RESULTS / BROKEN_SEAL, out_root=tmp_path)
     assert not (tmp_path / "_build" / "html").exists()
 
 
-def copy_runs(tmp_path: Path, *run_ids: str) -> Path:
+def copy_runs(tmp_path: Path, *run_ids: str, link_the_rest: bool = False) -> Path:
+    """A results directory holding copies of `run_ids` (to change) and, with link_the_rest,
+    every other committed run linked as it is (the prose pages link to their run pages)."""
     results = tmp_path / "results"
     results.mkdir()
-    for run_id in run_ids:
-        shutil.copytree(RESULTS / run_id, results / run_id)
+    for run_id in RUN_IDS:
+        if run_id in run_ids:
+            shutil.copytree(RESULTS / run_id, results / run_id)
+        elif link_the_rest:
+            (results / run_id).symlink_to(RESULTS / run_id, target_is_directory=True)
     (results / "REFERENCE").write_text(REFERENCE + "\n")
     return results
 
 
 def test_a_changed_number_shows_on_the_rebuilt_results_page_and_plot(tmp_path):
-    results = copy_runs(tmp_path, REFERENCE, KERNEL_RUN)
+    results = copy_runs(tmp_path, KERNEL_RUN, link_the_rest=True)
     run = results / KERNEL_RUN
     original = pd.read_csv(_figures_of(results, tmp_path / "before") / "kernel.csv")
     path = run / "03_kernel_test" / "test_ep.json"
@@ -127,7 +141,8 @@ def test_a_changed_number_shows_on_the_rebuilt_results_page_and_plot(tmp_path):
     assert "12.3" in text_of(html / "book" / "results.html")
     assert "12.3 / " in text_of(html / "book" / "intro.html")
     plotted = pd.read_csv(tmp_path / "_build" / ".src" / "book" / "figures" / "kernel.csv")
-    mine = plotted[(plotted["series"] == "DeepEP test_ep") & (plotted["tokens"] == 128)]
+    mine = plotted[(plotted["series"] == "DeepEP test_ep") & (plotted["tokens"] == 128)
+                   & (plotted["run"] == KERNEL_RUN)]
     assert mine["p50_us"].tolist() == [12.345]
     assert 12.345 not in original["p50_us"].tolist()
     before = (tmp_path / "before" / "kernel.png").read_bytes()
@@ -157,7 +172,38 @@ def test_a_removed_stage_shows_not_measured_with_the_reason(tmp_path):
 
 def test_a_sphinx_warning_fails_the_build(tmp_path):
     """-W: a broken cross-reference in a generated page (here, a run's notes) is an error."""
-    results = copy_runs(tmp_path, REFERENCE)
+    results = copy_runs(tmp_path, link_the_rest=True)
     (results / f"{REFERENCE}.notes.md").write_text("See [the missing page](missing-page.md).\n")
     with pytest.raises(RuntimeError, match="warnings are errors"):
         book.build(results / REFERENCE, out_root=tmp_path)
+
+
+def test_the_parameters_page_counts_hostile_values_tried_and_accepted(built, monkeypatch):
+    from lib.core.params import Param, Rule
+    from lib.stages import registry
+
+    class TakesAnything(Rule):
+        allowed, kind = "anything", "text"
+
+        def __call__(self, value):
+            return value
+
+        def edges(self):
+            return ["x"]
+
+        def beyond(self):
+            return []
+
+    page = text_of(built / "book" / "parameters.html")
+    tried, accepted, _ = pages.hostile_tally()
+    assert tried >= 60 and accepted == 0
+    assert f"{tried} tried" in page and "0 accepted" in page
+    for row in registry.parameter_bounds_table():
+        assert row["parameter"] in page
+    # its FAIL path: a parameter whose rule takes anything is counted and named
+    lax = Param("lax_probe", TakesAnything(), {"*": ""}, "a planted lax rule")
+    monkeypatch.setitem(registry.PARAMS, "lax_probe", lax)
+    tried_with, accepted_with, which = pages.hostile_tally()
+    assert tried_with > tried and accepted_with > 0
+    assert all(w.startswith("lax_probe = ") for w in which)
+    assert "a defect: lax_probe = " in pages.parameters_page()

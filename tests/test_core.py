@@ -205,6 +205,7 @@ def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp
     old = {k: v for k, v in params.resolve("06_multicomm", {}).items()
            if k not in params.SERVE + params.TRAFFIC}  # recorded before engine existed
     (run / "06_multicomm" / "params.json").write_text(_json.dumps(old))
+    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     assert recorded_engine(run, "06_multicomm") == "transformers"
     now = params.resolve("06_multicomm", {"engine": "transformers"})
     stage = open_replay("06_multicomm", now, run, params.PARAMS)
@@ -228,11 +229,14 @@ def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path
     assert now["warmup_full_batch"] is True
     old = {k: v for k, v in now.items() if k != "warmup_full_batch"}
     (run / "05_sweep" / "params.json").write_text(_json.dumps(old))
+    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is False
     (run / "05_sweep" / "params.json").write_text(_json.dumps(now))  # recorded with it: as is
+    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is True
     recorded_false = {**now, "warmup_full_batch": False}
     (run / "05_sweep" / "params.json").write_text(_json.dumps(recorded_false))
+    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     with pytest.raises(Exception, match="warmup_full_batch"):  # a real difference still fails
         open_replay("05_sweep", now, run, params.PARAMS)
 
@@ -285,6 +289,7 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     (run / "run.json").write_text("{}")
     (run / "05_sweep" / "params.json").write_text(
         _json.dumps(params.resolve("05_sweep", {"engine": "transformers"})))
+    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     unnamed = tmp / f"{SHADOW_PREFIX}k3x9q2ab"  # made before pids were in the name
     unnamed.mkdir()
 

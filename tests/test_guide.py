@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lib.core import evidence
 from lib.core.door import REPO_ROOT, Door
 
 TOKEN = "hf_plantedSECRET0123456789"
@@ -38,6 +39,7 @@ def recorded(tmp_path_factory):
     done = papermill(results / "00.ipynb", "results_dir", str(results), "run_id", "first",
                      env={"HF_TOKEN": TOKEN})
     assert done.returncode == 0, done.stderr[-3000:]
+    evidence.seal(results / "first")  # papermill alone never seals; replay opens sealed runs
     return results
 
 
@@ -108,6 +110,7 @@ def test_replay_names_a_changed_recorded_argv(recorded, tmp_path):
     kubectl = next(e for e in lines if e["kind"] == "run" and e["key"][0] == "kubectl")
     kubectl["key"] = ["kubectl", "version", "--client", "-o", "yaml"]
     transcript.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in lines))
+    evidence.seal(run)  # sealed anew: the door, not the seal check, must name the changed call
     done = papermill(tmp_path / "replayed.ipynb", "results_dir", str(recorded), "run_id", "edited",
                      env={"REPRO_REPLAY": str(run)})
     assert done.returncode != 0

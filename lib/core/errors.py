@@ -10,7 +10,9 @@ class ParameterError(ValueError):
 
     def __init__(self, name: str, value: Any, allowed: str):
         self.name, self.value, self.allowed = name, value, allowed
-        super().__init__(f"parameter {name!r} = {value!r} is not allowed; allowed: {allowed}")
+        shown = repr(value)  # a hostile 10k-character value is named, not echoed whole
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        super().__init__(f"parameter {name!r} = {shown} is not allowed; allowed: {allowed}")
 
 
 class EvidenceError(RuntimeError):

@@ -6,9 +6,11 @@ injected cell), validates them (ParameterError before any effect), then opens th
 
 - record: ``<results_dir>/<run_id>/`` (a new run_id when empty), run.json on creation, the
   stage's params.json; refusing a stage already recorded in that run;
-- replay (``REPRO_REPLAY=<run dir>``): a private copy of the recorded run, so nothing is written
-  into it; the door answers from its transcript; `finish` checks that the re-computed gates equal
-  the recorded ones and that every recorded call was asked for.
+- replay (``REPRO_REPLAY=<run dir>``): first the recorded run must be intact (sealed, every file
+  as SHA256SUMS lists it, none unlisted: lib.core.evidence.require_intact), else it is refused;
+  then a private copy of it, so nothing is written into it; the door answers from its
+  transcript; `finish` checks that the re-computed gates equal the recorded ones and that every
+  recorded call was asked for.
 """
 from __future__ import annotations
 
@@ -178,6 +180,15 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
                 table: dict[str, Param], *, plan: bool = False) -> Stage:
     if not (recorded / "run.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: no run.json there, not a recorded run")
+    # Before anything is read from it: a replay that passed on changed evidence would vouch for
+    # numbers nobody measured. Checked at every opening (not only when the copy is made), since
+    # the recorded run, not this process's copy, is what the replay vouches for; the copy itself
+    # is outside the run (under tempfile's folder), so it never counts as an extra file.
+    try:
+        evidence.require_intact(recorded)
+    except evidence.RunNotIntact as refused:
+        raise type(refused)(refused.run_dir, f"{REPLAY_ENV}={recorded}: replay refused: {refused}",
+                            refused.problems) from None
     if not (recorded / name / "params.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: stage {name} is not recorded in that run")
     shadow = _shadows.get(recorded)

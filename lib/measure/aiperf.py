@@ -47,10 +47,14 @@ Conventions (documented once, here):
   double counted.
 * Requests requested: the profiling phase's ``requests`` in ``input_config`` / ``run_config.json``;
   else the log's ``Phase profiling ... started | target: N requests``.
-* Requests completed means completed *without error*: ``completed_request_count`` (0.13) or
-  ``request_count`` (0.10, which counts valid records); else ``phase_manifest.json``'s
-  ``successful_request_count``; else the log's ``completed=`` minus ``errors=`` (AIPerf's
-  ``completed=`` counts every returned credit, errored ones included).
+* Requests completed means completed *without error*: ``request_count`` (0.10 and 0.13: valid
+  records only); else 0.13's ``completed_request_count`` minus ``error_request_count`` (AIPerf
+  derives ``completed_request_count`` as successes + errors, "Completed Requests (Success +
+  Error)": a run with 11 timeouts of 24 requests exported 24 there and 13 in ``request_count``);
+  else ``phase_manifest.json``'s ``successful_request_count``; else the log's ``completed=`` minus
+  ``errors=`` (AIPerf's ``completed=`` counts every returned credit, errored ones included).
+  So ``requests_completed + errors`` is every request AIPerf sent and got an outcome for; a request
+  timed out by ``--request-timeout-seconds`` is an error (``TimeoutError``), not a cancellation.
 * Errors: the largest count among the sources the run has (``error_request_count``;
   ``phase_manifest.json``; the sum of ``error_summary[].count``; the log's ``errors=``), so a
   gate never under-reports; ``errors_from`` says what each source said.
@@ -350,9 +354,12 @@ def _concurrency(cell_dir: Path, export: dict | None, run_config_file: dict | No
 
 
 def _completed(export: dict | None, manifest: dict, log: dict) -> int | None:
-    for value in (_metric(export, "completed_request_count"), _metric(export, "request_count")):
-        if value is not None:
-            return int(value)
+    valid = _metric(export, "request_count")  # successes only, in 0.10 and 0.13
+    if valid is not None:
+        return int(valid)
+    returned = _metric(export, "completed_request_count")  # 0.13: successes + errors
+    if returned is not None:
+        return int(returned) - int(_metric(export, "error_request_count") or 0)
     if manifest.get("successful") is not None:
         return manifest["successful"]
     if log.get("returned") is not None:

@@ -18,7 +18,7 @@ import nbformat
 
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
-from lib.publish import pages
+from lib.publish import cited, pages, scan
 from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
@@ -56,8 +56,9 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     write("intro.md", pages.landing_page((book / "intro.md").read_text(encoding="utf-8"), ev))
     write("results.md", pages.results_page(ev, book / "figures"))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
-    write("coverage.md", pages.coverage_page(runs, []))
+    write("coverage.md", pages.coverage_page(runs, list(cited.CLAIMS)))
     write("history.md", pages.history_page(runs))
+    write("parameters.md", pages.parameters_page())
     (book / "runs").mkdir()
     for run in runs:
         write(f"runs/{run.run_id}.md", pages.run_page(run, published.run_id))
@@ -96,9 +97,9 @@ def refuse_unpublishable(run_dir: Path) -> None:
 def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None) -> Path:
     """Build into <out_root>/_build/html (the repository's by default) from every run of
     `results` (the run's own parent directory by default), publishing `run_dir`'s notebooks."""
-    run_dir = Path(run_dir).resolve()
+    run_dir = Path(run_dir).absolute()  # not resolve(): a linked run belongs to its link's folder
     refuse_unpublishable(run_dir)
-    results = Path(results).resolve() if results else run_dir.parent
+    results = Path(results).absolute() if results else run_dir.parent
     build_dir = Path(out_root) / "_build"
     src = stage_sources(run_dir, build_dir / ".src", results)
     jb = Path(sys.executable).with_name("jupyter-book")
@@ -114,5 +115,7 @@ def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None
                     if "WARNING" in line or "ERROR" in line]
         raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}, warnings are "
                            f"errors); see {log}:\n" + "\n".join(warnings[:20]))
+    # nothing that names a private address, an account, a token or a person's home is published
+    scan.refuse_identities(build_dir / "html")
     print(f"book: _build/html/index.html (from run {run_dir.name})", flush=True)
     return index

@@ -59,7 +59,7 @@ class Run:
         if self.superseded_by:
             return f"superseded by {self.superseded_by}"
         if self.failed_stages:
-            return "failed attempt"
+            return "has FAIL gates, kept as recorded"
         return "current"
 
 

@@ -176,7 +176,7 @@ def works_section(ev: Evidence) -> list[str]:
     if serve:
         info = evidence.read_json(serve.path / "04_serve" / "vllm_serve.json")
         detail = f"ready {info.get('ready_s')} s; {', '.join(info.get('backend_gates') or [])}"
-    rows.append({"claim": "vLLM serves with --all2all-backend deepep_v2, proven by its log "
+    rows.append({"claim": "vLLM serves with `--all2all-backend deepep_v2`, proven by its log "
                           "(manager, prepare/finalize, EP split, no fallback)",
                  "result": f"PASS ({detail})" if serve else NOT_MEASURED,
                  "run": run_link(serve.run_id) if serve else reason,
@@ -213,7 +213,7 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
         table = kernel.pivot_table(index=["run", "tokens"], columns="series",
                                    values="p50_us").round(1).reset_index()
         table["run"] = table["run"].map(run_link)
-        out.append(_md_table(table.fillna(NOT_MEASURED)))
+        out.append(_md_table(table.astype(object).where(table.notna(), NOT_MEASURED)))
         pub = ev.published_kernel
         out.append(f"\nEvery run: 2x H200 over NVLink, EP2, GIN off ({END_TO_END}); the star is "
                    f"{pub['series']} at {pub['tokens']} tokens, {pub['p50_us']:.1f} us "
@@ -292,8 +292,8 @@ def history_page(runs: list[Run]) -> str:
             "included. A run feeds the [results](results.md) only when it ran on real GPUs on "
             "the place it names with its evidence intact; the others show their level on their "
             "page. *Superseded* means a later run on the same hardware measured the same stages "
-            "with the same kernel and engine and passed; *failed attempt* means a stage FAILed "
-            "and no later run repeated it. Stages are named by number (00 to 06).\n\n"
+            "with the same kernel and engine and passed; *has FAIL gates* means a stage FAILed and "
+            "no later run repeated it; its other figures may still feed the results. Stages are named by number (00 to 06).\n\n"
             + _md_table(table))
 
 
@@ -301,8 +301,7 @@ def run_page(run: Run, published_run: str) -> str:
     out = [f"# Run `{run.run_id}`\n"]
     if run.run_id == published_run:
         out.append("The run whose executed notebooks are the stage chapters of this book.\n")
-    status = {"current": "current", "failed attempt": "a failed attempt, kept as recorded"}.get(
-        run.label, run.label)
+    status = run.label
     sealed = {"sealed": "every file matches SHA256SUMS",
               "unsealed": "incomplete: no SHA256SUMS (interrupted before it was sealed)"}.get(
         run.seal, f"NOT verified ({run.seal})")
@@ -461,3 +460,44 @@ RENDER_ONLY = {
     ("vLLM", "Slurm"): "build-only: leader and worker steps rendered, shellchecked",
     ("DeepEP test_ep", "Slurm"): "build-only: the test_ep step rendered, shellchecked",
 }
+
+
+# --- parameters -----------------------------------------------------------------------------
+
+def hostile_tally() -> tuple[int, int, list[str]]:
+    """Every hostile value generated from each parameter's bound (lib.core.params), put through
+    that parameter's own check at build time: how many were tried, how many were accepted, and
+    which (none, or the page says so)."""
+    from lib.core.params import checked, hostile_values
+    from lib.core.errors import ParameterError
+    from lib.stages.registry import PARAMS
+
+    tried, accepted = 0, []
+    for param in PARAMS.values():
+        for value in hostile_values(param.rule):
+            tried += 1
+            try:
+                checked(param, value)
+            except ParameterError:
+                continue
+            accepted.append(f"{param.name} = {value!r}"[:120])
+    return tried, len(accepted), accepted
+
+
+def parameters_page() -> str:
+    from lib.stages.registry import parameter_bounds_table
+
+    tried, accepted, which = hostile_tally()
+    verdict = (f"**{accepted} accepted**" if not accepted else
+               f"**{accepted} accepted**, a defect: " + "; ".join(which[:20]))
+    return ("# Parameters and their bounds\n\n"
+            "Every parameter of every notebook, with what it allows: a value outside is refused "
+            "in the notebook's first cell, before anything runs or is written, by an error that "
+            "names the parameter and these words. Generated from the one parameter table "
+            "(`lib/stages/registry.py`).\n\n"
+            f"Hostile values generated from these bounds (each bound's edges and beyond, wrong "
+            f"types, shell and YAML metacharacters, path traversal, empty and oversized strings) "
+            f"and checked when this book was built: **{tried} tried**, {verdict}. "
+            "`tests/test_params_hostile.py` puts the same values through every notebook's first "
+            "cell and checks that `results/` is unchanged after.\n\n"
+            + _md_table(pd.DataFrame(parameter_bounds_table())))

@@ -5,8 +5,9 @@ what is no secret to a process and still must not reach a public page: a cluster
 addresses and host names, the AWS account that owns it, a home directory's user name, and any
 token that slipped past the door. The book publishes every file under _build/html (pages,
 _sources/, _static/, _images/, downloads), so the scan reads every text file there, text decided
-by content (a file holding a NUL byte is binary: images, fonts, compiled catalogues), and names
-each identity found by path, line and kind, masked so that the refusal republishes nothing.
+by content (an image's signature or a NUL byte makes a file binary: images, fonts, compiled
+catalogues), and names each identity found by path, line and kind, masked so that the refusal
+republishes nothing.
 
 Every shape is narrow on purpose: a refusal that fires on a version string or a timestamp gets
 switched off. An IPv4 address counts only standing alone (not inside 10.1.2.3.4), a 12-digit
@@ -159,17 +160,14 @@ def _is_personal_home(match: re.Match) -> bool:
 # one `:` or `=`, or at least a space or a quote, so `SessionTokenProvider` is a name, no value.
 # HTML-escaped quotes are unescaped before matching (see _views).
 _NEXT_TO = r"""(?:[\s"'`\\]*[:=][\s"'`\\]*|[\s"'`\\]+)"""
-_WORD = re.compile(r"\w")
-_LETTER = re.compile(r"[A-Za-z]")
 _WORD_OR_DOT = re.compile(r"[\w.]")
 _WORD_OR_DASH = re.compile(r"[\w-]")
 _WORD_DOT_OR_DASH = re.compile(r"[\w.-]")
-_LETTER_OR_DIGIT = re.compile(r"[A-Za-z0-9]")
 
 SHAPES = [
     # Standing alone: not after a word character or a dot, not before one or a further `.digit`;
     # so 10.1.2.3.4 (a version), v10.1.2.3 and 1.10.1.2.3 are no address, `at 10.1.2.3.` is.
-    Shape(PRIVATE_IPV4, re.compile(r"(?:10|172|192|100)\.\d{1,3}\.\d{1,3}\.\d{1,3})"),
+    Shape(PRIVATE_IPV4, re.compile(r"(?:10|172|192|100)\.\d{1,3}\.\d{1,3}\.\d{1,3}(?!\w|\.\d)"),
           not_after=_WORD_OR_DOT, plausible=_is_private_ipv4),
     # EC2 names a host for its private address (ip-10-1-2-3[.region].compute.internal or
     # .ec2.internal) or, with resource-based naming, for its instance id.
@@ -180,17 +178,16 @@ SHAPES = [
     # A bare 12-digit number is a counter or a timestamp; it is an account id only in an ARN
     # (arn:partition:service:region:ACCOUNT:resource), an ECR registry host, or after a key that
     # says account (account, Account, account_id, aws_account_id, AWS_ACCOUNT_ID).
-    Shape(AWS_ACCOUNT_ID, re.compile(r"arn:aws[\w-]*:[\w-]*:[\w-]*:(?P<value>\d{12}):"),
-          not_after=_WORD),
+    Shape(AWS_ACCOUNT_ID, re.compile(r"arn:aws[\w-]*:[\w-]*:[\w-]*:(?P<value>\d{12}):")),
     Shape(AWS_ACCOUNT_ID, re.compile(
         r"(?P<value>\d{12})\.dkr\.ecr(?:-fips)?\.[a-z0-9-]+\.amazonaws\.com"),
           not_after=_WORD_DOT_OR_DASH, hints=(".dkr.ecr",)),
     Shape(AWS_ACCOUNT_ID, re.compile(
         rf"(?i)account(?:[_ -]?id)?{_NEXT_TO}(?P<value>\d{{12}})(?!\d)"),
-          not_after=_LETTER, hints=("account",)),
+          hints=("account",)),
     # Hugging Face tokens are hf_ and 34 letters or digits; redact.py masks from 10 on, which in
     # prose would catch identifiers, so the scan asks for 30.
-    Shape(HF_TOKEN, re.compile(r"hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9])"), not_after=_LETTER_OR_DIGIT),
+    Shape(HF_TOKEN, re.compile(r"hf_[A-Za-z0-9]{30,}")),
     Shape(AWS_ACCESS_KEY_ID, _redact_shape("AKIA" + "IOSFODNN7EXAMPLE"), hints=("AKIA", "ASIA")),
     # 40 characters of base64 next to a name ending in secret key: secret_key,
     # aws_secret_access_key, AWS_SECRET_ACCESS_KEY, SecretAccessKey (what `aws sts` prints).
@@ -204,7 +201,7 @@ SHAPES = [
           hints=("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
     Shape(GITHUB_TOKEN, _redact_shape("github_pat_" + "0" * 22), hints=("github_pat_",)),
     Shape(BEARER_TOKEN, re.compile(r"(?i)bearer\s+(?P<value>[A-Za-z0-9._~+/-]{16,}=*)"),
-          not_after=_WORD, hints=("bearer",), plausible=_looks_generated),
+          hints=("bearer",), plausible=_looks_generated),
     Shape(JWT, _redact_shape("eyJ" + "0" * 8 + "." + "0" * 8 + "." + "0" * 8), hints=("eyJ",)),
     # scheme://user:PASSWORD@host; `git@github.com:` and `ssh://git@host` carry no password.
     Shape(URL_PASSWORD, re.compile(r"://[^\s/:@\"'<>\\]+:(?P<value>[^\s/@\"'<>\\]+)@[\w.\[-]"),
@@ -214,8 +211,9 @@ SHAPES = [
     Shape(PERSONAL_PATH, re.compile(r"/(?:home|Users)/[A-Za-z0-9_][\w.-]*/"),
           not_after=_WORD_DOT_OR_DASH, hints=("/home/", "/Users/"), plausible=_is_personal_home),
     # C:\Users\USER\, its backslashes doubled inside JSON.
-    Shape(PERSONAL_PATH, re.compile(r"[A-Za-z]:\\{1,2}Users\\{1,2}[A-Za-z0-9_][^\\/:*?\"<>|\r\n]*\\"),
-          not_after=_WORD, hints=("\\Users\\",), plausible=_is_personal_home),
+    Shape(PERSONAL_PATH, re.compile(
+        r"[A-Za-z]:\\{1,2}Users\\{1,2}[A-Za-z0-9_][^\\/:*?\"<>|\r\n]*\\"),
+          hints=("\\Users\\",), plausible=_is_personal_home),
 ]
 
 _TAG = re.compile(r"<[^<>\n]*>")

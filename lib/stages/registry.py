@@ -7,20 +7,22 @@ table (tests/test_registry.py compares them).
 
 `resolve(stage, given)` turns a notebook's parameters into validated values: given values win,
 None takes the context's default; a refused value raises ParameterError naming the parameter and
-its allowed values, before any effect.
+its allowed values, before any effect. Every bound is a named constant below, said once with
+why; `parameter_bounds_table()` lists every parameter's stages, type, allowed values (the words
+its refusal says) and defaults, for the book and the README.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from lib.core.door import REPO_ROOT
 from lib.core.errors import ParameterError
-from lib.core.params import (Param, checked, boolean, choice_list, float_above,  # noqa: F401
-                             int_at_least, int_list, int_range, matching, one_of, optional,
-                             results_dir, run_id, text, DNS1123_LABEL, IMAGE_RULE,
-                             KUBE_CONTEXT_RULE, MODEL_ID_RULE, SLURM_NAME_RULE)
+from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
+                             ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
+                             Param, checked, dns_label)
 from lib.engines.model_facts import routed_experts
-from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS
+from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.roots import pins as pins_mod
@@ -56,164 +58,182 @@ class StageSpec:
             else self.reads
 
 
+# ---- bounds: each once, with why -----------------------------------------------------------------
+MAX_GPUS_PER_NODE = max(t.gpus for t in INSTANCE_TYPES.values())  # 8 on p5en and p5
+MAX_EFA_PER_NODE = max(t.efa for t in INSTANCE_TYPES.values())  # 32 on p5
+# 32 p5en are 256 GPUs: DeepSeek-V3's 256 routed experts one per rank (the guide's own model,
+# 128 experts, divides over at most 16 nodes: _check_model_divides)
+MAX_NODES = 32
+MAX_WAIT_S = 7 * 24 * 3600  # a week: the longest Slurm time limit allowed here, and any wait
+MIN_WAIT_S = 1  # a timeout under a second is no wait at all
+MAX_SEED = 2 ** 32 - 1  # numpy's seeds are below 2**32
+MAX_TOKENS_PER_RANK = 16384  # four times the largest test_ep case the guide runs (4096)
+MAX_TEST_EP_CASES = 8  # test_ep runs per stage (three by default)
+# above any public MoE's hidden size (DeepSeek-V3's and Kimi K2's 7168, the shape tested here)
+MAX_HIDDEN = 16384
+MAX_EXPERTS = 1024  # twice Qwen3-Next's 512 routed experts
+MAX_TOPK = 32  # over three times Qwen3-Next's 10 (DeepSeek-V3 and Qwen3 route to 8)
+MAX_ITERATIONS = 10_000  # of the kernel benchmark: 50 are timed by default
+MAX_LAYERS = 128  # above Qwen3-235B-A22B's 94 decoder layers and DeepSeek-V3's 61
+# 256 requests in flight on each GPU of two p5en (16 GPUs), far past where a serve saturates
+# (the cluster default sweeps 4, 8, 32)
+MAX_CONCURRENCY = 4096
+MAX_LEVELS = 16  # concurrency levels of one sweep (the powers of two to 4096 are 13)
+MAX_REQUESTS = 100_000  # measured requests of one cell: 12.8 million tokens out at the default 128
+# a cell at the largest concurrency still measures at most MAX_REQUESTS requests
+MAX_REQUESTS_PER_SLOT = MAX_REQUESTS // MAX_CONCURRENCY
+MAX_REPEATS = 100  # repeats of a cell or of an A/B arm (3 and 5 by default)
+MAX_SEQUENCE_TOKENS = 131072  # Qwen3-30B-A3B's context with YaRN (32768 native)
+
+
+def _seconds() -> Number:
+    return Number(MIN_WAIT_S, MAX_WAIT_S, "seconds (a week)")
+
+
+def _software_folder(absolute: bool = True) -> Folder:
+    """A folder a run reads (an environment, a build, a site of packages), on this machine or
+    the nodes."""
+    return Folder(absolute=absolute, written=False, here=False, base=REPO_ROOT)
+
+
 # ---- the parameter table -----------------------------------------------------------------------
 _PARAMS = [
-    Param("context", "one of " + ", ".join(CONTEXTS), one_of(CONTEXTS), {"*": "local"},
+    Param("context", OneOf(CONTEXTS), {"*": "local"},
           "where the stage runs: this machine, a plan of what a cluster would run, a Kubernetes "
           "cluster through kubectl, a Slurm cluster through sbatch/srun"),
-    Param("plan_for", "one of " + ", ".join(CLUSTER_PLACES), one_of(CLUSTER_PLACES),
-          {"*": "kube"}, "context plan: the place planned for (its manifests or batch scripts)"),
-    Param("run_id", "'' (a new run) or letters, digits, '.', '_', '-' (1-64 chars, starting "
-          "with a letter or digit, no '..')", run_id, {"*": ""}, "the run to record into"),
-    Param("results_dir", "a directory path", results_dir, {"*": "results"},
-          "where run directories live (relative to the repository)"),
-    Param("seed", "an integer >= 0", int_at_least(0), {"*": 0}, "seed of every random draw"),
-    Param("nodes", "an integer >= 1 (1 on the local context)", int_at_least(1),
-          {"local": 1, **_cluster(2)}, "nodes in the run"),
-    Param("instance_type", "one of " + ", ".join(INSTANCE_TYPES), one_of(INSTANCE_TYPES),
-          _cluster(DEFAULT_INSTANCE_TYPE),
+    Param("plan_for", OneOf(CLUSTER_PLACES), {"*": "kube"},
+          "context plan: the place planned for (its manifests or batch scripts)"),
+    Param("run_id", OrEmpty(RUN_ID, "a new run"), {"*": ""}, "the run to record into"),
+    Param("results_dir", Folder(absolute=False, written=True, here=True, base=REPO_ROOT),
+          {"*": "results"}, "where run directories live (relative to the repository)"),
+    Param("seed", Integer(0, MAX_SEED), {"*": 0}, "seed of every random draw"),
+    Param("nodes", Integer(1, MAX_NODES), {"local": 1, **_cluster(2)}, "nodes in the run",
+          together="1 on the local context"),
+    Param("instance_type", OneOf(tuple(INSTANCE_TYPES)), _cluster(DEFAULT_INSTANCE_TYPE),
           "the nodes' instance type; gpus_per_node and efa_per_node default to what it has"),
-    Param("gpus_per_node", "an integer from 0 to 16", int_range(0, 16), {},
+    Param("gpus_per_node", Integer(0, MAX_GPUS_PER_NODE), {},
           "GPUs per node (local: detected; a cluster: the instance type's)"),
-    Param("efa_per_node", "an integer from 0 to 64", int_range(0, 64), {},
+    Param("efa_per_node", Integer(0, MAX_EFA_PER_NODE), {},
           "EFA devices per node (a cluster: the instance type's; p5en 16, p5 32)"),
-    Param("kube_context", "'' (kubectl's current context) or a kubectl context name (letters, "
-          "digits, '.', '_', ':', '/', '@', '-')", optional(matching(KUBE_CONTEXT_RULE)),
-          {"*": ""}, "kubectl context"),
-    Param("namespace", "a Kubernetes namespace (DNS-1123 label: lower-case letters, digits, "
-          "'-', at most 63)", matching(DNS1123_LABEL), {"*": "deepep-repro"}, "namespace"),
-    Param("image", "'' or an image by digest (repo@sha256:...) or by a tag other than 'latest'",
-          optional(matching(IMAGE_RULE)), {"*": ""},
+    Param("kube_context", OrEmpty(KUBE_CONTEXT, "kubectl's current context"), {"*": ""},
+          "kubectl context"),
+    Param("namespace", dns_label("a Kubernetes namespace"), {"*": "deepep-repro"}, "namespace"),
+    Param("image", OrEmpty(IMAGE, "none"), {"*": ""},
           "the image the cluster runs (kube: a pod's image; slurm: pyxis's --container-image); "
           "built by 02 from pins.yaml"),
-    Param("venv", "'' or a path (absolute, or relative to the repository), no '..'",
-          optional(lambda v: v if isinstance(v, str) and "\x00" not in v and ".." not in v
-                   else _bad()),
-          {"*": ""}, "slurm: a Python environment on the nodes' shared file system, used when "
-                     "no image is given (relative: inside the checkout, which the nodes share)"),
-    Param("partition", "'' or a Slurm partition name", optional(matching(SLURM_NAME_RULE)),
-          {"*": ""}, "slurm: the partition ('' the cluster's default)"),
-    Param("account", "'' or a Slurm account name", optional(matching(SLURM_NAME_RULE)),
-          {"*": ""}, "slurm: the account ('' none)"),
-    Param("time_limit_min", "an integer from 1 to 10080 (a week)", int_range(1, 10080),
-          {"*": 60}, "slurm: each step's time limit"),
-    Param("schedule_timeout_s", "a number of seconds > 0", float_above(0), {"*": 900.0},
+    Param("venv", OrEmpty(_software_folder(absolute=False), "none"), {"*": ""},
+          "slurm: a Python environment on the nodes' shared file system, used when "
+          "no image is given (relative: inside the checkout, which the nodes share)"),
+    Param("partition", OrEmpty(SLURM_NAME, "the cluster's default"), {"*": ""},
+          "slurm: the partition ('' the cluster's default)"),
+    Param("account", OrEmpty(SLURM_NAME, "none"), {"*": ""}, "slurm: the account ('' none)"),
+    Param("time_limit_min", Integer(1, MAX_WAIT_S // 60, "minutes (a week)"), {"*": 60},
+          "slurm: each step's time limit"),
+    Param("schedule_timeout_s", _seconds(), {"*": 900.0},
           "kube and slurm: how long pods or an allocation may wait to be scheduled and start"),
-    Param("job_timeout_s", "a number of seconds > 0", float_above(0), {"*": 3600.0},
+    Param("job_timeout_s", _seconds(), {"*": 3600.0},
           "kube and slurm: how long a one-shot job (test_ep, AIPerf, a probe) may run"),
-    Param("keep", "true or false", boolean, {"*": False},
+    Param("keep", Flag(), {"*": False},
           "kube and slurm: leave the serve up for the next stage (else every object or job of "
           "the run is deleted when the stage ends)"),
     # 03 kernel test (DeepEP test_ep's meaning)
-    Param("ranks", "an integer from 1 to 64 (at least 2 on the local context)", int_range(1, 64),
-          {"local": 2}, "processes per node (local: 2; a cluster: every GPU of a node, or 1 "
-                        "on a node without GPUs)"),
-    Param("num_tokens", "an integer >= 1", int_at_least(1), {"*": 128}, "tokens per rank"),
-    Param("hidden", "an integer >= 1", int_at_least(1), _cluster(7168),
+    Param("ranks", Integer(1, MAX_GPUS_PER_NODE), {"local": 2},
+          "processes per node (local: 2; a cluster: every GPU of a node, or 1 "
+          "on a node without GPUs)", together="at least 2 on the local context"),
+    Param("num_tokens", Integer(1, MAX_TOKENS_PER_RANK), {"*": 128}, "tokens per rank"),
+    Param("hidden", Integer(1, MAX_HIDDEN), _cluster(7168),
           "hidden size (local: 7168 on GPUs, 256 on CPU)"),
-    Param("num_topk", "an integer >= 1, <= num_experts", int_at_least(1), {"*": 8}, "top-k"),
-    Param("num_experts", "an integer >= 1, divisible by the ranks", int_at_least(1),
-          {"*": 256}, "experts"),
-    Param("num_comms", "an integer from 1 to 16", int_range(1, 16), {"*": 1},
+    Param("num_topk", Integer(1, MAX_TOPK), {"*": 8}, "top-k", together="<= num_experts"),
+    Param("num_experts", Integer(1, MAX_EXPERTS), {"*": 256}, "experts",
+          together="divisible by the ranks"),
+    Param("num_comms", Integer(1, MAX_EP_NUM_COMMS), {"*": 1},
           "communicators the all-to-all is striped over (EP_NUM_COMMS; the multicomm overlay "
-          "holds at most 16)"),
-    Param("iters", "an integer >= 1", int_at_least(1), {"local": 30, "*": 50}, "timed iterations"),
-    Param("warmup", "an integer >= 0", int_at_least(0), {"*": 5}, "untimed iterations"),
+          f"holds at most {MAX_EP_NUM_COMMS})"),
+    Param("iters", Integer(1, MAX_ITERATIONS), {"local": 30, "*": 50}, "timed iterations"),
+    Param("warmup", Integer(0, MAX_ITERATIONS), {"*": 5}, "untimed iterations"),
     # DeepEP itself on a GPU machine (local): 03 runs its test_ep beside the torch benchmark
-    Param("deepep_dir", "'' (none) or the path of a DeepEP checkout built in place "
-          "(docker/build_deepep.sh)", text, {"*": ""},
-          "DeepEP built on this machine (local, 2+ GPUs): 03 runs its tests/elastic/test_ep.py, "
-          "vLLM's deepep_* backends import it"),
-    Param("nccl_site", "'' (none) or a site-packages folder holding nvidia-nccl-cu13 2.30.4",
-          text, {"*": ""}, "the NCCL DeepEP was built for, preloaded intranode (lib.engines.transport)"),
-    Param("test_ep_tokens", "a list of integers >= 1, e.g. '128,512,4096'", int_list,
+    Param("deepep_dir", OrEmpty(_software_folder(), "none"), {"*": ""},
+          "DeepEP built on this machine (local, 2+ GPUs; docker/build_deepep.sh): 03 runs its "
+          "tests/elastic/test_ep.py, vLLM's deepep_* backends import it"),
+    Param("nccl_site", OrEmpty(_software_folder(), "none"), {"*": ""},
+          "a site-packages folder holding nvidia-nccl-cu13 2.30.4: the NCCL DeepEP was built "
+          "for, preloaded intranode (lib.engines.transport)"),
+    Param("test_ep_tokens", IntList(Integer(1, MAX_TOKENS_PER_RANK), MAX_TEST_EP_CASES,
+                                    "128,512,4096"),
           {"*": [128, 512, 4096]}, "tokens per rank of each test_ep run (and the torch "
                                    "benchmark beside it)"),
     # 04 serve
-    Param("engine", "one of " + ", ".join(ENGINES) + " ('' picks by place)",
-          optional(one_of(ENGINES)), {"*": ""},
+    Param("engine", OrEmpty(OneOf(ENGINES), "picks by place"), {"*": ""},
           "serving engine ('' : vLLM on a cluster place; on local, vLLM where it imports and 2+ "
           "GPUs are present, else transformers serve)"),
-    Param("model", "an org/name model id", matching(MODEL_ID_RULE), _cluster(_MODEL_PIN["model"]),
+    Param("model", MODEL_ID, _cluster(_MODEL_PIN["model"]),
           "the cluster's model (local serves a seeded model built here)"),
-    Param("model_revision", "'' or a 40-hex commit", optional(matching(
-          __import__("re").compile(r"^[0-9a-f]{40}$"))), _cluster(_MODEL_PIN["revision"]),
-          "the model's revision (pins.yaml `model`)"),
-    Param("model_cache_dir", "'' or an absolute path on the nodes",
-          optional(lambda v: v if str(v).startswith("/") and "\x00" not in v
-                   and ".." not in v else _bad()), {"*": ""},
+    Param("model_revision", OrEmpty(COMMIT, "the Hub's current one"),
+          _cluster(_MODEL_PIN["revision"]), "the model's revision (pins.yaml `model`)"),
+    Param("model_cache_dir", OrEmpty(Folder(absolute=True, written=True, here=False), "none"),
+          {"*": ""},
           "kube: where the nodes keep model weights, on their NVMe instance storage (a hostPath;"
           " not a per-pod emptyDir on the root volume); required to serve on kube"),
-    Param("hf_token_secret", "'' or a Kubernetes Secret name (DNS-1123 label)",
-          optional(matching(DNS1123_LABEL)), {"*": ""},
+    Param("hf_token_secret", OrEmpty(dns_label("a Kubernetes Secret name"), "none"), {"*": ""},
           "kube: the Secret holding HF_TOKEN (key 'token'); a token value is never a parameter"),
-    Param("workload", "one of " + ", ".join(WORKLOADS), one_of(WORKLOADS), {"*": "statefulset"},
+    Param("workload", OneOf(WORKLOADS), {"*": "statefulset"},
           "kube: the serve as a StatefulSet, or as a LeaderWorkerSet (rendered and checked "
           "only: it needs the LWS controller)"),
-    Param("enforce_eager", "true or false", boolean, {"*": True},
+    Param("enforce_eager", Flag(), {"*": True},
           "vLLM --enforce-eager (false: torch.compile and CUDA graphs)"),
-    Param("server_timeout_s", "a number of seconds > 0", float_above(0),
-          {"local": 180.0, "local:vllm": 900.0, "*": 1800.0},
+    Param("server_timeout_s", _seconds(), {"local": 180.0, "local:vllm": 900.0, "*": 1800.0},
           "how long to wait for the server to be ready"),
-    Param("model_layers", "an integer >= 1", int_at_least(1), {"*": 2},
+    Param("model_layers", Integer(1, MAX_LAYERS), {"*": 2},
           "decoder layers of the seeded model (both engines; the per-layer shape is the engine's)"),
-    Param("all2all_backend", "one of " + ", ".join(ALL2ALL_BACKENDS), one_of(ALL2ALL_BACKENDS),
+    Param("all2all_backend", OneOf(ALL2ALL_BACKENDS),
           {"local": "allgather_reducescatter", "*": "deepep_v2"},
           "vLLM's --all2all-backend (engine vllm; deepep_* needs DeepEP built here)"),
     # 05 sweep
-    Param("concurrency", "a list of integers >= 1, e.g. '1,2,4'", int_list,
+    Param("concurrency", IntList(Integer(1, MAX_CONCURRENCY), MAX_LEVELS, "1,2,4"),
           {"local": [1, 2, 4], "local:vllm": [4, 8, 32], **_cluster([4, 8, 32])},
           "concurrency levels"),
-    Param("request_count", "an integer >= 1", int_at_least(1),
-          {"local": 16, "local:vllm": 48, "*": 128},
+    Param("request_count", Integer(1, MAX_REQUESTS), {"local": 16, "local:vllm": 48, "*": 128},
           "measured requests per cell"),
-    Param("requests_per_slot", "an integer >= 0", int_at_least(0), {"*": 5},
+    Param("requests_per_slot", Integer(0, MAX_REQUESTS_PER_SLOT), {"*": 5},
           "each cell measures at least this many requests per concurrency slot: "
           "max(request_count, requests_per_slot x concurrency), the public review's 5x "
           "requests per level (48 requests at concurrency 32 are one and a half waves, mostly "
           "ramp and tail); 0: request_count at every level", legacy=0),
-    Param("warmup_requests", "an integer >= 0", int_at_least(0),
-          {"local": 2, "local:vllm": 8, "*": 16},
+    # a warmup longer than the largest concurrency's full batch warms nothing more
+    Param("warmup_requests", Integer(0, MAX_CONCURRENCY), {"local": 2, "local:vllm": 8, "*": 16},
           "unmeasured warmup requests per cell"),
-    Param("warmup_full_batch", "true or false", boolean, {"*": True},
+    Param("warmup_full_batch", Flag(), {"*": True},
           "each cell's warmup is at least its concurrency, so the first full batch (and the "
           "kernels compiled for its shapes) is not measured; false: warmup_requests as given",
           legacy=False),
-    Param("repeats", "an integer >= 1", int_at_least(1), {"*": 3}, "repeats per cell"),
-    Param("input_tokens", "an integer >= 1", int_at_least(1),
-          {"local": 64, "local:vllm": 120, "*": 120},
-          "synthetic input tokens (mean)"),
-    Param("output_tokens", "an integer >= 1", int_at_least(1),
-          {"local": 16, "local:vllm": 128, "*": 128},
-          "output tokens per request"),
-    Param("ab_backends", "'' (none) or two or more of " + ", ".join(ALL2ALL_BACKENDS)
-          + ", comma-separated, the first the baseline", choice_list(ALL2ALL_BACKENDS),
+    Param("repeats", Integer(1, MAX_REPEATS), {"*": 3}, "repeats per cell"),
+    Param("input_tokens", Integer(1, MAX_SEQUENCE_TOKENS),
+          {"local": 64, "local:vllm": 120, "*": 120}, "synthetic input tokens (mean)"),
+    Param("output_tokens", Integer(1, MAX_SEQUENCE_TOKENS),
+          {"local": 16, "local:vllm": 128, "*": 128}, "output tokens per request"),
+    Param("ab_backends", ChoiceList(ALL2ALL_BACKENDS, 2, "'' (none) or two or more of "
+                                    + ", ".join(ALL2ALL_BACKENDS)
+                                    + ", distinct, comma-separated, the first the baseline"),
           {"*": []},
           "05 with engine vllm: these backends side by side, arms interleaved, both traffic "
           "shapes (deepep_v2 vs allgather_reducescatter)"),
-    Param("prefill_input_tokens", "an integer >= 1", int_at_least(1), {"*": 1536},
+    Param("prefill_input_tokens", Integer(1, MAX_SEQUENCE_TOKENS), {"*": 1536},
           "the prefill-heavy traffic shape of the backend A/B: input tokens"),
-    Param("prefill_output_tokens", "an integer >= 1", int_at_least(1), {"*": 16},
+    Param("prefill_output_tokens", Integer(1, MAX_SEQUENCE_TOKENS), {"*": 16},
           "the prefill-heavy traffic shape of the backend A/B: output tokens"),
-    Param("answer_prompts", f"an integer from 0 to {len(ANSWER_PROMPTS)}",
-          int_range(0, len(ANSWER_PROMPTS)), {"*": len(ANSWER_PROMPTS)},
+    Param("answer_prompts", Integer(0, len(ANSWER_PROMPTS)), {"*": len(ANSWER_PROMPTS)},
           "engine vllm, arms side by side (05's backend A/B, 06): each arm is asked this many "
           "fixed prompts (greedy, top logprobs) before its cells, and each compared arm must "
           "answer as the baseline does (lib.measure.agreement); 0: not asked", legacy=0),
     # 06 levers
-    Param("arm_a_comms", "an integer from 1 to 16", int_range(1, 16), {"*": 1},
+    Param("arm_a_comms", Integer(1, MAX_EP_NUM_COMMS), {"*": 1},
           "arm A communicators (EP_NUM_COMMS)"),
-    Param("arm_b_comms", "an integer from 1 to 16", int_range(1, 16), {"*": 8},
-          "arm B communicators (EP_NUM_COMMS)"),
-    Param("ab_repeats", "an integer >= 2", int_at_least(2),
-          {"local": 5, "local:vllm": 3, "*": 5},
+    Param("arm_b_comms", Integer(1, MAX_EP_NUM_COMMS), {"*": 8},
+          "arm B communicators (EP_NUM_COMMS)", together="different from arm_a_comms"),
+    Param("ab_repeats", Integer(2, MAX_REPEATS), {"local": 5, "local:vllm": 3, "*": 5},
           "repeats per arm, interleaved"),
 ]
 PARAMS = {p.name: p for p in _PARAMS}
-
-
-def _bad():
-    raise ValueError
 
 
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
@@ -409,6 +429,47 @@ def _world(p: dict[str, Any]) -> int | None:
     if p.get("nodes") and per_node:
         return p["nodes"] * per_node
     return None
+
+
+# ---- the bounds table ----------------------------------------------------------------------------
+def parameter_bounds_table() -> list[dict[str, str]]:
+    """One row per parameter, in the table's order, for the book and the README: the stages
+    that take it (by number), its type, what it allows (the words its refusal says) and its
+    default per context ("at run time": the stage decides, as its help says)."""
+    rows = []
+    for param in _PARAMS:
+        stages = [name[:2] for name, names in STAGE_PARAMS.items() if param.name in names]
+        rows.append({"parameter": param.name,
+                     "stages": "all" if len(stages) == len(STAGES) else ", ".join(stages),
+                     "type": param.rule.kind, "allowed": param.allowed,
+                     "default": _defaults_said(param)})
+    return rows
+
+
+def _defaults_said(param: Param) -> str:
+    by_value: dict[str, list[str]] = {}
+    for context in CONTEXTS:
+        value = param.defaults.get(context, param.defaults.get("*"))
+        by_value.setdefault(_said(value), []).append(context)
+    if len(by_value) == 1:
+        said = [next(iter(by_value))]
+    else:
+        said = [f"{', '.join(contexts)}: {value}" for value, contexts in by_value.items()]
+    said += [f"{key.replace(':', ' with ')}: {_said(value)}"
+             for key, value in param.defaults.items() if ":" in key]
+    return "; ".join(said)
+
+
+def _said(value: Any) -> str:
+    if value is None:
+        return "at run time"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "''"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "''" if value == "" else str(value)
 
 
 def serving(stage: str, engine: str) -> bool:

@@ -1,0 +1,246 @@
+"""The book in a real browser: a static server, Debian's headless Chromium, and checks.
+
+Each check returns a list of problems, empty when all is well, so a test asserts `== []` and a
+failure prints what is wrong. The browser is Debian's (scripts/chromium.sh install), driven
+through Debian's chromedriver: both paths are given to Selenium, so Selenium Manager, which
+would download a browser of its own, is never started.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator, Mapping
+from html.parser import HTMLParser
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+REQUIRED_ENV = "REPRO_BROWSER_REQUIRED"
+INSTALL_HINT = "scripts/chromium.sh install"
+PAGE_LOAD_TIMEOUT_S = 30
+IMAGE_WAIT_MS = 10_000
+# A longer page is shot down to here: Chromium draws at most 16384 px, and a 36000 px PNG takes
+# seconds to write and cannot be looked at anyway.
+MAX_SHOT_HEIGHT = 12_000
+
+
+def missing_browser(env: Mapping[str, str], chromium: Path | None = None,
+                    chromedriver: Path | None = None) -> tuple[str, str] | None:
+    """None when both binaries are there (CHROMIUM, CHROMEDRIVER unless given); else ("skip" or
+    "fail", the reason): "fail" when REPRO_BROWSER_REQUIRED=1 (the Makefile sets it), so CI never
+    skips silently."""
+    binaries = (chromium or CHROMIUM, chromedriver or CHROMEDRIVER)
+    missing = [str(p) for p in binaries if not p.is_file()]
+    if not missing:
+        return None
+    verdict = "fail" if env.get(REQUIRED_ENV) == "1" else "skip"
+    why = f"{' and '.join(missing)} missing (install: {INSTALL_HINT})"
+    if verdict == "fail":
+        why += f"; {REQUIRED_ENV}=1 forbids skipping"
+    return verdict, why
+
+
+def require_browser(env: Mapping[str, str], chromium: Path | None = None,
+                    chromedriver: Path | None = None) -> None:
+    """Skip the test, or fail it under REPRO_BROWSER_REQUIRED=1, when the browser is missing."""
+    missing = missing_browser(env, chromium, chromedriver)
+    if missing is None:
+        return
+    verdict, why = missing
+    if verdict == "fail":
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
+
+
+@contextlib.contextmanager
+def serve(directory: Path) -> Iterator[str]:
+    """Serve `directory` on 127.0.0.1 at a free port; yields the base URL, ending in '/'."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="browser-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass  # one line per request would drown pytest's output
+
+
+@contextlib.contextmanager
+def chromium(width: int = 1280, height: int = 900):
+    """Headless Chromium through chromedriver, its browser console log kept (get_log)."""
+    # imported here: the static link crawl and the skip rule need no selenium
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                # no network beyond 127.0.0.1 here: no update checks, no field trials
+                "--disable-background-networking", "--disable-component-update",
+                f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
+                              options=options)
+    try:
+        driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def load(driver, url: str) -> None:
+    """Open `url` with an empty console log, so console_errors sees this page's entries only."""
+    driver.get_log("browser")  # get_log drains: what an earlier page left goes here
+    driver.get(url)  # returns after the load event
+
+
+def screenshot(driver, path: Path) -> Path:
+    """The whole page, up to MAX_SHOT_HEIGHT px: the window is stretched to the page's height for
+    the shot, then given back its size. (DevTools' captureBeyondViewport lays this theme out
+    again, at another width, and the shot shows the page cut on its left.)"""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    chrome = height - driver.execute_script("return window.innerHeight")
+    page = driver.execute_script("return document.documentElement.scrollHeight")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        driver.set_window_size(width, min(page, MAX_SHOT_HEIGHT) + chrome)
+        driver.save_screenshot(str(path))
+    finally:
+        driver.set_window_size(width, height)
+    return path
+
+
+_SETTLE_IMAGES = """
+const done = arguments[arguments.length - 1];
+const images = Array.from(document.images);
+images.forEach(img => { img.loading = "eager"; });  // a lazy image below the fold loads too
+const settled = images.map(img => img.complete ? null : new Promise(resolve => {
+  img.addEventListener("load", resolve, {once: true});
+  img.addEventListener("error", resolve, {once: true});
+}));
+Promise.race([Promise.all(settled), new Promise(r => setTimeout(r, arguments[0]))]).then(() =>
+  done(images.map(img => [img.getAttribute("src"), img.complete, img.naturalWidth])));
+"""
+
+
+def broken_images(driver) -> list[str]:
+    """Every <img> of the loaded page is complete with naturalWidth > 0 (one still loading
+    after IMAGE_WAIT_MS counts as broken)."""
+    driver.set_script_timeout(IMAGE_WAIT_MS / 1000 + 5)
+    states = driver.execute_async_script(_SETTLE_IMAGES, IMAGE_WAIT_MS)
+    return [f"{src} (complete={complete}, naturalWidth={width})"
+            for src, complete, width in states if not (complete and width > 0)]
+
+
+def console_errors(driver) -> list[str]:
+    """The SEVERE entries of the browser console since the last load() (uncaught exceptions,
+    console.error, failed requests), but the browser's own /favicon.ico probe (severe_messages)."""
+    return severe_messages(driver.get_log("browser"), driver.current_url)
+
+
+def severe_messages(entries: list[dict], page_url: str) -> list[str]:
+    """The messages of the SEVERE entries, less the 404 of the page origin's /favicon.ico.
+
+    Chromium asks every origin for /favicon.ico by itself when a page declares no icon, and
+    logs the 404 whenever the answer arrives, on this page or the next: no page asked for it.
+    A page that links /favicon.ico itself is caught by broken_internal_links (root-absolute)."""
+    probe = "{0.scheme}://{0.netloc}/favicon.ico - ".format(urlsplit(page_url))
+    return [entry["message"] for entry in entries
+            if entry["level"] == "SEVERE" and not entry["message"].startswith(probe)]
+
+
+# Links with these schemes leave the book: not checked. Any other scheme (file:, ...) is
+# reported, as is a root-absolute path: both break once the book is served elsewhere.
+EXTERNAL_SCHEMES = frozenset({"http", "https", "mailto", "data", "javascript"})
+# Files under _static/ that are not pages: pydata-sphinx-theme's webpack-macros.html and
+# sphinx-book-theme's sbt-webpack-macros.html are Jinja macro templates that Sphinx copies
+# verbatim as static files. Their `{{ pathto(...) }}` "links" are template expressions, not
+# URLs; once rendered into a page they are checked there like every other link.
+_TEMPLATE_MARK = "{{"
+
+
+class _PageParser(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.anchors: set[str] = set()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        values = dict(attrs)
+        if values.get("id"):
+            self.anchors.add(values["id"])
+        if tag == "a" and values.get("name"):  # HTML's older anchor form
+            self.anchors.add(values["name"])
+        for name in ("href", "src"):
+            if values.get(name) is not None:
+                self.links.append(values[name])
+        if tag == "meta" and (values.get("http-equiv") or "").lower() == "refresh":
+            _, _, target = (values.get("content") or "").partition("url=")
+            if target:  # index.html is only such a redirect
+                self.links.append(target.strip())
+
+    handle_startendtag = handle_starttag
+
+
+def _parse(page: Path) -> _PageParser:
+    parser = _PageParser()
+    parser.feed(page.read_text(encoding="utf-8", errors="replace"))
+    parser.close()
+    return parser
+
+
+def broken_internal_links(html_root: Path) -> list[str]:
+    """Static crawl of every .html under html_root: each relative href/src resolves to a file
+    under html_root, and its #fragment is an id (or <a name>) of the target page (this page
+    for a bare '#x'). Problems read "page -> link (why)"."""
+    root = Path(html_root).resolve()
+    pages = {p.resolve(): _parse(p) for p in sorted(root.rglob("*.html"))}
+    problems = []
+    for page, parsed in pages.items():
+        shown = page.relative_to(root).as_posix()
+        for link in parsed.links:
+            why = _link_problem(root, page, link, pages)
+            if why and not (shown.startswith("_static/") and _TEMPLATE_MARK in link):
+                problems.append(f"{shown} -> {link} ({why})")
+    return problems
+
+
+def _link_problem(root: Path, page: Path, link: str, pages: dict) -> str | None:
+    parts = urlsplit(link.strip())
+    if parts.netloc and not parts.scheme:  # //host/path: http(s) on another host
+        return None
+    if parts.scheme:
+        if parts.scheme.lower() in EXTERNAL_SCHEMES:
+            return None
+        return f"scheme {parts.scheme!r} is not part of the book"
+    if parts.path.startswith("/"):
+        return "root-absolute: breaks when the book is not served at /"
+    target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+    if not target.is_relative_to(root):
+        return "outside the html tree"
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_file():
+        return f"no file {target.relative_to(root).as_posix()}"
+    fragment = unquote(parts.fragment)
+    if not fragment or target.suffix != ".html":
+        return None
+    if fragment.lower() == "top":  # HTML: '#top' scrolls to the top without any id
+        return None
+    anchors = (pages.get(target) or _parse(target)).anchors
+    if fragment not in anchors:
+        return f"no id {fragment!r} in {target.relative_to(root).as_posix()}"
+    return None

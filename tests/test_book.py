@@ -207,3 +207,20 @@ def test_the_parameters_page_counts_hostile_values_tried_and_accepted(built, mon
     assert tried_with > tried and accepted_with > 0
     assert all(w.startswith("lax_probe = ") for w in which)
     assert "a defect: lax_probe = " in pages.parameters_page()
+
+
+def test_an_unsealed_run_is_published_only_as_incomplete(tmp_path):
+    import nbformat
+
+    results = copy_runs(tmp_path, REFERENCE)
+    (results / REFERENCE / evidence.SUMS_NAME).unlink()  # as a run interrupted before sealing
+    book.refuse_unpublishable(results / REFERENCE)  # not refused: published, labelled
+    src = book.stage_sources(results / REFERENCE, tmp_path / "src", results)
+    history = (src / "book" / "history.md").read_text()
+    row = next(line for line in history.splitlines() if f"`{REFERENCE}`" in line)
+    assert "| incomplete |" in row
+    page = (src / "book" / "runs" / f"{REFERENCE}.md").read_text()
+    assert "incomplete: no SHA256SUMS" in page
+    for stage in ("00_cluster", "05_sweep"):
+        banner = nbformat.read(src / "notebooks" / f"{stage}.ipynb", as_version=4).cells[1].source
+        assert banner.startswith("**Incomplete run**"), stage

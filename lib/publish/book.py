@@ -26,7 +26,7 @@ PUBLIC_TREE = REPO_ROOT.parent / "shared" / "fixtures" / "public-repro" / "resul
 
 
 class BookRefused(evidence.EvidenceError):
-    """The run asked for cannot be published (its evidence was changed, or it is incomplete)."""
+    """The run asked for cannot be published: its evidence was changed after it was sealed."""
 
 
 def public_tree():
@@ -67,7 +67,9 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
         prose.write_text(prose.read_text(encoding="utf-8")
                          + pages.stage_gates_section(published, stage), encoding="utf-8")
         executed = run_dir / "notebooks" / f"{stage}.ipynb"
-        banner = (f"**Verification level:** {published.level}. Run "
+        incomplete = ("**Incomplete run** (interrupted before it was sealed): its files cannot "
+                      "be told from files changed since. " if published.seal == "unsealed" else "")
+        banner = (f"{incomplete}**Verification level:** {published.level}. Run "
                   f"[`{published.run_id}`](../book/runs/{published.run_id}.md); evidence: "
                   f"`results/{run_dir.name}/{stage}/`.")
         if not executed.exists():  # a stage that did not run still has its page, unexecuted
@@ -86,12 +88,13 @@ def catalog_one(run_dir: Path):
 
 
 def refuse_unpublishable(run_dir: Path) -> None:
+    """A run whose files changed after sealing is never published; an unsealed run (interrupted
+    before it was sealed) is, labelled incomplete on every page that shows it."""
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a recorded run (no run.json)")
-    problems = evidence.verify(run_dir)
-    if problems:
+    if evidence.seal_state(run_dir) == "tampered":
         raise BookRefused(f"run {run_dir.name}: its evidence does not match SHA256SUMS, so it "
-                          "is not published: " + "; ".join(problems))
+                          "is not published: " + "; ".join(evidence.verify(run_dir)))
 
 
 def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None) -> Path:

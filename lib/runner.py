@@ -106,7 +106,7 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
         with open(log, "w", encoding="utf-8") as out:  # papermill's own chatter, kept whole
             done = subprocess.run(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        redact_file(log)
+        redact_file(log, run_dir=run_dir)
         gates = evidence.read_gates(run_dir / stage)
         took = time.monotonic() - started
         if done.returncode != 0 or gates is None:

@@ -118,14 +118,15 @@ def test_03_the_first_of_sixteen_ranks_to_die_is_named_and_the_timeouts_are_symp
 
 
 def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env, tmp_path):
-    """Nine GPUs a node where p5en has eight: the real scheduler refuses, and says so."""
+    """32 EFA devices a pod (a p5's count) where the p5en nodes advertise 16: the real scheduler
+    refuses, and says so. (More GPUs than an instance type has is refused before any effect.)"""
     env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
     stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128",
-                      gpus_per_node=9, ranks=8, num_experts=288, schedule_timeout_s=3)
+                      efa_per_node=32, schedule_timeout_s=3)
     kernel.run(stage)
     stage.finish()
     pending = next(g for g in stage.gates if g.gate.endswith("pods scheduled"))
-    assert pending.status == "FAIL" and "Insufficient nvidia.com/gpu" in pending.reason
+    assert pending.status == "FAIL" and "Insufficient vpc.amazonaws.com/efa" in pending.reason
     assert env.objects_left() == []
 
 

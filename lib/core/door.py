@@ -4,8 +4,12 @@ Every effect and every observation a stage makes goes through a Door: processes 
 a timeout on every call), background servers, HTTP requests, free ports, clocks, host files.
 Recording writes one JSON line per call into ``<run>/transcript.jsonl`` (argv, cwd, the env keys
 it set, rc, duration, stdout/stderr kept whole as files under ``<run>/calls/<stage>/``), with
-secrets redacted before anything is written. The values handed back to the caller are the
-redacted, recorded ones, so a recorded run and its replay see exactly the same data.
+secrets redacted and cluster identities (private addresses, EC2 host names, AWS account ids)
+pseudonymised before anything is written (lib/core/redact.py, lib/core/identities.py). The
+values handed back to the caller are the redacted, pseudonymised, recorded ones, so a recorded
+run and its replay see exactly the same data. What leaves for the world is revealed again: a
+pseudonym the caller passes back (a node name it read from `kubectl get nodes`) reaches the
+process, the URL or the file it names as the real value, and is recorded as the pseudonym.
 
 Replay (``REPRO_REPLAY=<run dir>``) answers each call from the transcript, in order, per stage,
 and raises ReplayMismatch naming the call when the code asks for something else.
@@ -22,15 +26,18 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sh
 
+from lib.core import identities as naming
 from lib.core import redact as redaction
 from lib.core.errors import CommandError, DoorError, PlanOnly, ReplayMismatch  # noqa: F401
 
@@ -43,6 +50,9 @@ KILLED_EXIT_S = 30.0
 # free_port's range: [_LOWEST_PICKED_PORT, the ephemeral range's low bound read from here)
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service ports
+# A file of the run an argv names is handed to the process as a revealed copy when its text holds
+# a pseudonym (a manifest, a script: small); a larger one (a log, a model) is passed as it is.
+REVEAL_MAX_BYTES = 16 * 2 ** 20
 
 
 @dataclass
@@ -108,6 +118,16 @@ class Door:
         self.calls_dir = self.run_dir / "calls" / stage
         self._seq = 0
         self._script: list[dict] = []
+        # Recording: the run's table of pseudonyms (kept outside the run, lib/core/identities.py).
+        # Replay: none; a live key's raw identities (a parameter's account id) match the
+        # recorded pseudonyms by a consistent renaming, learned in _bindings.
+        self.identities = None if replay else naming.Identities.for_run(self.run_dir)
+        self._bindings = naming.Bindings()
+        # Values this stage's calls named secret (their env, flags, URLs, headers), longest
+        # first: masked in everything recorded after, though no variable of this process holds them.
+        self._secrets: list[str] = []
+        self._private: Path | None = None  # revealed copies of files an argv names (0700)
+        self._held: dict[int, list[Path]] = {}  # a background process's copies, until its stop
         if replay:
             self._script = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
         else:
@@ -127,11 +147,102 @@ class Door:
         text = text.replace("{bin}/", str(Path(sys.executable).parent) + "/")
         return text.replace("{repo}", str(REPO_ROOT))
 
-    def _clean(self, text: str) -> str:
-        return redaction.redact(self.norm(text))
+    # ---- what is recorded and handed back: secrets masked, identities pseudonymised --------
+    def _learn(self, values: list[str]) -> None:
+        new = {v for v in values if len(v) >= redaction.MIN_SECRET_LEN} - set(self._secrets)
+        if new:
+            self._secrets = sorted({*self._secrets, *new}, key=len, reverse=True)
+
+    def _pseudonymise(self, text: str) -> str:
+        return self.identities.pseudonymise(text) if self.identities is not None else text
+
+    def scrub(self, text: str) -> str:
+        """A text as the door writes it, paths left as they are: secrets masked, identities
+        pseudonymised (recording; a replay writes nothing)."""
+        return self._pseudonymise(redaction.redact(text, self._secrets))
+
+    def clean(self, text: str) -> str:
+        """What the door records and hands back of a text: paths normalised ({run}, {repo}),
+        secrets masked, identities pseudonymised."""
+        return self.scrub(self.norm(text))
+
+    _clean = clean
 
     def _clean_argv(self, argv: list[str]) -> list[str]:
-        return redaction.redact_argv([self.norm(str(a)) for a in argv])
+        masked = redaction.redact_argv([self.norm(str(a)) for a in argv], self._secrets)
+        return [self._pseudonymise(a) for a in masked]
+
+    def _clean_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        masked = redaction.redact_env({k: self.norm(str(v)) for k, v in (env or {}).items()},
+                                      self._secrets)
+        return {k: self._pseudonymise(v) for k, v in masked.items()}
+
+    def clean_file(self, path: Path) -> bool:
+        """Rewrite a file the world wrote into the run (a server's log) as the door writes text;
+        returns whether anything changed."""
+        path = Path(path)
+        try:
+            with open(path, encoding="utf-8", newline="") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError):
+            return False
+        clean = self.scrub(text)
+        if clean != text:
+            with open(path, "w", encoding="utf-8", newline="") as fh:
+                fh.write(clean)
+            return True
+        return False
+
+    # ---- what leaves for the world: pseudonyms revealed ---------------------------------------
+    def _reveal(self, text):
+        if self.identities is None or not isinstance(text, str):
+            return text
+        return self.identities.reveal(text)
+
+    def _reveal_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
+        return None if env is None else {k: self._reveal(str(v)) for k, v in env.items()}
+
+    def _reveal_argv(self, argv: list[str], cwd, copies: list[Path]) -> list[str]:
+        """argv with pseudonyms revealed, and each element naming a file of the run whose text
+        holds one (a manifest pinned to `node-0.ec2.internal`) replaced by a revealed private
+        copy, so `kubectl apply -f` reaches the real node while the evidence keeps the name."""
+        if self.identities is None:
+            return argv
+        return [self._reveal_file_arg(self._reveal(a), cwd, copies) for a in argv]
+
+    def _reveal_file_arg(self, arg: str, cwd, copies: list[Path]) -> str:
+        prefix, path = "", arg
+        if arg.startswith("-") and "=" in arg:
+            name, _, path = arg.partition("=")
+            prefix = name + "="
+        if not path or len(path) > 4096 or "\0" in path:
+            return arg
+        try:
+            file = Path(path) if Path(path).is_absolute() else Path(cwd or os.getcwd()) / path
+            file = file.resolve()
+            if not (file.is_relative_to(self.run_dir) and file.is_file()
+                    and file.stat().st_size <= REVEAL_MAX_BYTES):
+                return arg
+            with open(file, encoding="utf-8", newline="") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError, ValueError):
+            return arg
+        revealed = self.identities.reveal(text)
+        if revealed == text:
+            return arg
+        if self._private is None:
+            self._private = Path(tempfile.mkdtemp(prefix="guide-revealed-"))  # mode 0700
+            weakref.finalize(self, shutil.rmtree, str(self._private), True)
+        copy = Path(tempfile.mkdtemp(dir=self._private)) / file.name
+        with open(copy, "w", encoding="utf-8", newline="") as fh:
+            fh.write(revealed)
+        copies.append(copy)
+        return prefix + str(copy)
+
+    @staticmethod
+    def _drop(copies: list[Path]) -> None:
+        for copy in copies:
+            shutil.rmtree(copy.parent, ignore_errors=True)
 
     # ---- transcript ---------------------------------------------------------------------------
     def _next(self, kind: str, key: Any) -> dict:
@@ -144,7 +255,7 @@ class Door:
                 f"but the transcript holds only {len(self._script)} calls for this stage"
             )
         entry = self._script[index]
-        if entry["kind"] != kind or not _key_matches(entry["key"], key):
+        if entry["kind"] != kind or not _key_matches(entry["key"], key, self._bindings):
             raise ReplayMismatch(
                 f"replay: stage {self.stage} call #{index} differs:\n"
                 f"  the code asks for  {kind} {key!r}\n"
@@ -159,6 +270,24 @@ class Door:
         with open(self.transcript_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
         return entry
+
+    def _as_recorded(self, key: Any) -> Any:
+        """Replay: a live key in the recorded pseudonyms of the identities it matched."""
+        if not self._bindings:
+            return key
+        if isinstance(key, str):
+            return naming.as_recorded(key, self._bindings)
+        if isinstance(key, list):
+            return [self._as_recorded(k) for k in key]
+        if isinstance(key, dict):
+            return {k: self._as_recorded(v) for k, v in key.items()}
+        return key
+
+    def same_as_recorded(self, recorded: str, live: str) -> bool:
+        """Replay: does a recorded text (an artifact the stage wrote through `scrub`) say what
+        the code re-computed, up to the consistent renaming of identities the replay of this
+        stage has learned (a manifest naming the image by a parameter's raw account id)?"""
+        return _key_matches(recorded, live, self._bindings)
 
     def remaining(self) -> int:
         """Replay: recorded calls of this stage the code has not asked for."""
@@ -193,6 +322,7 @@ class Door:
         if not timeout or timeout <= 0:
             raise DoorError(f"door.run needs a positive timeout, got {timeout!r}")
         argv = [str(a) for a in argv]
+        self._learn(redaction.secrets_in_env(env) + redaction.secrets_in_argv(argv))
         key = self._clean_argv(argv)
         if self.planning and not self.replay and not _is_plan_checker(argv):
             raise PlanOnly(f"context plan runs nothing but local checkers "
@@ -200,19 +330,26 @@ class Door:
                            "record it with door.plan instead")
         if self.replay:
             entry = self._next("run", key)
+            key = self._as_recorded(key)
             result = CallResult(
                 argv=key, rc=entry["rc"], stdout=self._read_stream(entry["stdout"]),
                 stderr=self._read_stream(entry["stderr"]), duration_s=entry["duration_s"],
                 timed_out=entry["timed_out"], seq=entry["seq"],
             )
         else:
-            rc, out, err, duration, timed_out = _execute(argv, timeout, cwd, env, input)
+            copies: list[Path] = []
+            try:
+                rc, out, err, duration, timed_out = _execute(
+                    self._reveal_argv(argv, cwd, copies), timeout, self._reveal(cwd),
+                    self._reveal_env(env), self._reveal(input))
+            finally:
+                self._drop(copies)
             seq = self._seq
             out, err = self._clean(out), self._clean(err)
             self._record(
-                "run", key, cwd=self.norm(str(cwd)) if cwd else None,
-                env=redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()}),
-                timeout_s=timeout, rc=rc, duration_s=round(duration, 6), timed_out=timed_out,
+                "run", key, cwd=self._clean(str(cwd)) if cwd else None,
+                env=self._clean_env(env), timeout_s=timeout, rc=rc,
+                duration_s=round(duration, 6), timed_out=timed_out,
                 stdout=self._write_stream(seq, "stdout", out),
                 stderr=self._write_stream(seq, "stderr", err),
             )
@@ -227,28 +364,35 @@ class Door:
     ) -> Background:
         """Start a long-running process in its own session, its output into log_path."""
         argv = [str(a) for a in argv]
+        self._learn(redaction.secrets_in_env(env) + redaction.secrets_in_argv(argv))
         key = self._clean_argv(argv)
         log_path = Path(log_path)
         if self.planning and not self.replay:
             raise PlanOnly(f"context plan starts no process; asked to start {' '.join(key)!r}")
         if self.replay:
             entry = self._next("start", key)
-            return Background(key, entry["pid"], log_path, entry["seq"], env=entry.get("env"))
+            return Background(self._as_recorded(key), entry["pid"], log_path, entry["seq"],
+                              env=entry.get("env"))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         seq = self._seq
+        copies: list[Path] = []
+        started = self._reveal_argv(argv, cwd, copies)
         try:
-            running = sh.Command(argv[0])(
-                *argv[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
-                _cwd=str(cwd) if cwd else None, _env=_full_env(env), _new_session=True,
+            running = sh.Command(started[0])(
+                *started[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
+                _cwd=str(self._reveal(str(cwd))) if cwd else None,
+                _env=_full_env(self._reveal_env(env)), _new_session=True,
                 _ok_code=ALL_EXIT_CODES,
             )
             pid, error = running.pid, None
+            self._held[seq] = copies  # the process may read them while it runs: kept to its stop
         except sh.CommandNotFound as exc:
-            running, pid, error = None, -1, f"command not found: {exc}"
-        recorded_env = redaction.redact_env({k: self.norm(v) for k, v in (env or {}).items()})
+            self._drop(copies)
+            running, pid, error = None, -1, self._clean(f"command not found: {exc}")
+        recorded_env = self._clean_env(env)
         self._record(
-            "start", key, pid=pid, error=error, log=self.norm(str(log_path)), env=recorded_env,
-            cwd=self.norm(str(cwd)) if cwd else None,
+            "start", key, pid=pid, error=error, log=self._clean(str(log_path)), env=recorded_env,
+            cwd=self._clean(str(cwd)) if cwd else None,
         )
         if error:
             raise DoorError(error)
@@ -276,7 +420,8 @@ class Door:
         if proc._running is not None:
             rc, killed, left = _terminate(proc, timeout)
         proc.group_left = left
-        redact_file(proc.log_path)
+        self._drop(self._held.pop(proc.seq, []))
+        self.clean_file(proc.log_path)
         self._record("stop", key, rc=rc, killed=killed, group_left=left)
         return rc
 
@@ -284,11 +429,12 @@ class Door:
         """Record a command a plan would run, without running it (argv as given, secrets
         masked). A replay checks the code plans the same command at the same point."""
         argv = [str(a) for a in argv]
+        self._learn(redaction.secrets_in_argv(argv))
         key = self._clean_argv(argv)
         if self.replay:
             self._next("plan", key)
             return
-        self._record("plan", key, note=redaction.redact(self.norm(note)))
+        self._record("plan", key, note=self._clean(note))
 
     # ---- observations -----------------------------------------------------------------------
     def http(
@@ -301,16 +447,23 @@ class Door:
         `secret_response=True` declares that the answer carries a credential the caller must use
         (a registry's anonymous pull token): the caller gets the raw body, the transcript and
         a replay the redacted one. Such a body must never be displayed."""
-        key = {"method": method, "url": self.norm(url)}
+        self._learn(redaction.secrets_in_headers(headers) + redaction.secrets_in_argv([url]))
+        key = {"method": method, "url": self._clean(url)}
         if self.planning and not self.replay:
             raise PlanOnly(f"context plan sends no request; asked for {method} {key['url']}")
         if self.replay:
             e = self._next("http", key)
             return HttpResult(method, url, e["status"], self._read_stream(e["body"]), e["error"],
                               e["duration_s"], e["seq"], e.get("headers") or {})
-        status, body, error, duration, got = _http(method, url, timeout, json_body, headers)
+        sent = json_body
+        if json_body is not None and self.identities is not None:
+            sent = json.loads(self._reveal(json.dumps(json_body)))
+        status, body, error, duration, got = _http(
+            method, self._reveal(url), timeout, sent,
+            {k: self._reveal(str(v)) for k, v in (headers or {}).items()})
         seq = self._seq
         raw, body = body, self._clean(body)
+        error = self._clean(error) if error else error
         got = {k: self._clean(v) for k, v in got.items()}
         self._record("http", key, status=status, error=error, duration_s=round(duration, 6),
                      request=None if json_body is None else json.loads(self._clean(json.dumps(json_body))),
@@ -360,7 +513,7 @@ class Door:
 
     def read_text(self, path: str | Path) -> str | None:
         """A host file's text (or None when absent/unreadable), recorded."""
-        key = self.norm(str(path))
+        key = self._clean(str(path))
         if self.replay:
             e = self._next("read", key)
             return None if e["body"] is None else self._read_stream(e["body"])
@@ -369,7 +522,8 @@ class Door:
             # number quoted from this text is the one `grep -n` and an editor show. Transcripts
             # recorded before this hold the text with each one turned into a line break, and
             # replay as recorded.
-            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            with open(self._reveal(str(path)), encoding="utf-8", errors="replace",
+                      newline="") as f:
                 text = self._clean(f.read())
         except OSError:
             text = None
@@ -379,11 +533,11 @@ class Door:
         return text
 
     def listdir(self, path: str | Path) -> list[str] | None:
-        key = self.norm(str(path))
+        key = self._clean(str(path))
         if self.replay:
             return self._next("listdir", key)["value"]
         try:
-            value = sorted(os.listdir(path))
+            value = sorted(self._clean(name) for name in os.listdir(self._reveal(str(path))))
         except OSError:
             value = None
         self._record("listdir", key, value=value)
@@ -408,7 +562,7 @@ def _is_plan_checker(argv: list[str]) -> bool:
 
 
 # ---- replay -------------------------------------------------------------------------------------
-def _key_matches(recorded: Any, live: Any) -> bool:
+def _key_matches(recorded: Any, live: Any, bindings: naming.Bindings | None = None) -> bool:
     """Does the transcript's key answer the key the code asks for now?
 
     Equal keys match. Besides, in an argv (a list of strings) of the same length, a recorded
@@ -416,16 +570,37 @@ def _key_matches(recorded: Any, live: Any) -> bool:
     redact_argv stopped over-masking (`--num-tokens [REDACTED]`, now `--num-tokens 128`) hold
     the mask where the value was. The value was lost from the recording, so a masked position
     cannot be checked; this is no weaker than what the recording proves, and live secrets are
-    masked the same way before comparing, so they match anyway. Every other element, and every
-    key that is not a list of strings, must be equal.
+    masked the same way before comparing, so they match anyway.
+
+    And a string of the live key that holds a cluster identity the code did not get from the
+    door (an ECR image's account id, a kube context's ARN, given as parameters) matches the
+    recorded string that says the same with a pseudonym there, when the renaming is consistent
+    over the whole replay of the stage (`bindings`: one identity, one pseudonym, both ways). The
+    recording hid the value, so this is all it can prove, as with the mask. Every other part
+    must be equal.
     """
     if recorded == live:
         return True
-    if not (isinstance(recorded, list) and isinstance(live, list) and len(recorded) == len(live)):
+    trial = bindings.copy() if bindings is not None else naming.Bindings()
+    if not _matches(recorded, live, trial):
         return False
-    if not all(isinstance(x, str) for x in (*recorded, *live)):
-        return False
-    return all(r == lv or r == redaction.MASK for r, lv in zip(recorded, live))
+    if bindings is not None:
+        bindings.to_k, bindings.to_key = trial.to_k, trial.to_key
+    return True
+
+
+def _matches(recorded: Any, live: Any, bindings: naming.Bindings) -> bool:
+    if recorded == live:
+        return True
+    if isinstance(recorded, str) and isinstance(live, str):
+        return naming.unify(recorded, live, bindings)
+    if isinstance(recorded, list) and isinstance(live, list) and len(recorded) == len(live):
+        strings = all(isinstance(x, str) for x in (*recorded, *live))
+        return all((strings and r == redaction.MASK) or _matches(r, lv, bindings)
+                   for r, lv in zip(recorded, live))
+    if isinstance(recorded, dict) and isinstance(live, dict) and recorded.keys() == live.keys():
+        return all(_matches(recorded[k], live[k], bindings) for k in recorded)
+    return False
 
 
 # ---- helpers that touch the world (record mode only) -------------------------------------------
@@ -529,14 +704,18 @@ def read_transcript(path: Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def redact_file(path: Path) -> bool:
-    """Rewrite a text file with secrets masked; returns whether anything changed."""
+def redact_file(path: Path, run_dir: Path | None = None) -> bool:
+    """Rewrite a text file with secrets masked (and, given the run it belongs to, its cluster
+    identities pseudonymised with that run's table); returns whether anything changed. A door
+    at hand does more (`Door.clean_file`: the secrets its calls named too)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return False
     clean = redaction.redact(text)
+    if run_dir is not None:
+        clean = naming.Identities.for_run(Path(run_dir).resolve()).pseudonymise(clean)
     if clean != text:
         path.write_text(clean, encoding="utf-8")
         return True

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from lib.core import evidence
 from lib.core.params import NO_LEGACY, Param
-from lib.core.door import REPO_ROOT, Door, redact_file
+from lib.core.door import REPO_ROOT, Door
 from lib.core.errors import EvidenceError, ReplayMismatch
 from lib.core.evidence import Gate
 
@@ -84,12 +84,13 @@ class Stage:
         if self.replay and path.exists():
             # newline="": a carriage return (a progress bar's frame in a log) stays one
             with open(path, encoding="utf-8", newline="") as recorded:
-                same = recorded.read() == text
-            if not same:
+                kept = recorded.read()
+            # recorded through scrub: equal up to the consistent renaming of identities
+            if kept != text and not self.door.same_as_recorded(kept, text):
                 raise ReplayMismatch(f"replay: {self.rel(path)} re-computed differs from the "
                                      "recorded file")
             return self.rel(path)
-        evidence.write_new(path, text)
+        evidence.write_new(path, self.door.scrub(text))  # secrets masked, identities renamed
         return self.rel(path)
 
     def read_json(self, name: str) -> Any:
@@ -134,9 +135,9 @@ class Stage:
                 raise ReplayMismatch(f"replay: the gates of {self.name} re-computed from the "
                                      "transcript differ from the recorded gates.json")
         else:
-            for path in self.dir.rglob("*"):
+            for path in self.dir.rglob("*"):  # what processes wrote: as the door writes text
                 if path.is_file():
-                    redact_file(path)
+                    self.door.clean_file(path)
             evidence.write_json_new(self.dir / "gates.json", rows)
         counts = evidence.summarize_gates(rows)
         print(f"{self.name} done: " + ", ".join(f"{n} {s}" for s, n in counts.items()))

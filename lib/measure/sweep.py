@@ -25,7 +25,7 @@ import pandas as pd
 from lib.measure import aiperf as aiperf_export
 from lib.core import evidence
 from lib.engines import vllm_logs
-from lib.core.door import REPO_ROOT, redact_file
+from lib.core.door import REPO_ROOT
 from lib.core.evidence import Gate, gate, skip
 from lib.engines.transformers import Server, pinned, server_rss
 
@@ -192,7 +192,7 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
                               check=False)
     rss = server_rss(stage.door, server)
     if not stage.replay:
-        redact_tree(out)
+        redact_tree(out, stage.door)
         compress_bulky(out)
     streams = getattr(call, "streams", None) or [f"calls/{stage.name}/{call.seq:04d}.stdout",
                                                   f"calls/{stage.name}/{call.seq:04d}.stderr"]
@@ -201,12 +201,13 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
                    _tail(call.stdout + "\n" + call.stderr), streams, rss, requests=requests)
 
 
-def redact_tree(folder: Path) -> None:
-    """Redact a cell's artifacts now, as Stage.finish would later: the summary is then read from
-    the very bytes the run keeps, so a replay (which reads the kept files) computes the same."""
+def redact_tree(folder: Path, door) -> None:
+    """Clean a cell's artifacts now, as Stage.finish would later (secrets masked, identities
+    renamed, as the door writes text): the summary is then read from the very bytes the run
+    keeps, so a replay (which reads the kept files) computes the same."""
     for path in sorted(folder.rglob("*")) if folder.exists() else []:
         if path.is_file():
-            redact_file(path)
+            door.clean_file(path)
 
 
 # AIPerf's per-request records: no reader here uses them (the summary comes from its

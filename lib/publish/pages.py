@@ -162,26 +162,33 @@ def results_page(ev: Evidence, figures_dir: Path) -> str:
     return "\n".join(out)
 
 
+def evidence_cell(run: Run | None, engine: str, why_not: str = "") -> str:
+    """One cell naming a row's run, hardware, engine and level (a narrow table reads on a page)."""
+    if run is None:
+        return why_not
+    return f"{run_link(run.run_id)}; {run.hardware}; {engine}; {_level(run)}"
+
+
 def works_section(ev: Evidence) -> list[str]:
     rows = []
     run = ev.kernel_run
     rows.append({"claim": "DeepEP V2's kernels run and are correct (DeepEP's own test_ep, and "
                           "the guide's torch benchmark checked against a reference)",
                  "result": "PASS" if run else NOT_MEASURED,
-                 "run": run_link(run.run_id) if run else ev.why_no_kernel(),
-                 "hardware": run.hardware if run else "", "engine": "DeepEP test_ep, EP2, GIN off",
-                 "level": _level(run) if run else ""})
+                 "evidence": evidence_cell(run, "DeepEP test_ep, EP2, GIN off",
+                                           ev.why_no_kernel())})
     serve = ev.deepep_serve
-    reason = "no run that may feed results has a passing 04 on deepep_v2"
+    detail = ""
     if serve:
         info = evidence.read_json(serve.path / "04_serve" / "vllm_serve.json")
-        detail = f"ready {info.get('ready_s')} s; {', '.join(info.get('backend_gates') or [])}"
+        detail = (f" (ready {info.get('ready_s')} s; "
+                  f"{', '.join(info.get('backend_gates') or [])})")
     rows.append({"claim": "vLLM serves with `--all2all-backend deepep_v2`, proven by its log "
                           "(manager, prepare/finalize, EP split, no fallback)",
-                 "result": f"PASS ({detail})" if serve else NOT_MEASURED,
-                 "run": run_link(serve.run_id) if serve else reason,
-                 "hardware": serve.hardware if serve else "", "engine": serve.serving if serve else "",
-                 "level": _level(serve) if serve else ""})
+                 "result": f"PASS{detail}" if serve else NOT_MEASURED,
+                 "evidence": evidence_cell(serve, serve.serving if serve else "",
+                                           "no run that may feed results has a passing 04 on "
+                                           "deepep_v2")})
     graphs = ev.ratios[(ev.ratios["lever"] == "graphs+EP / eager+EP")]
     for run_id, rows_of_run in graphs.groupby("run", sort=False):
         run = by_id(ev.runs)[run_id]
@@ -189,14 +196,13 @@ def works_section(ev: Evidence) -> list[str]:
         why = rows_of_run["why_not"].iloc[0]
         rows.append({"claim": f"vLLM with CUDA graphs on {run.serving.replace('vLLM, ', '')}",
                      "result": "PASS: served every cell" if measured else f"FAIL: {why}",
-                     "run": run_link(run_id), "hardware": run.hardware, "engine": run.serving,
-                     "level": _level(run)})
+                     "evidence": evidence_cell(run, run.serving)})
     rows.append({"claim": "across p5en nodes over EFA (EP16, GIN through aws-ofi-nccl)",
                  "result": f"{NOT_MEASURED} here: no p5en cluster was lent; the Kubernetes and "
                            "Slurm paths are tested on a real control plane and a real scheduler "
                            "(see the appendix)",
-                 "run": "", "hardware": published.HARDWARE, "engine": "DeepEP test_ep, vLLM",
-                 "level": f"{CITED}, 2026-07-06: works"})
+                 "evidence": f"{published.HARDWARE}; DeepEP test_ep and vLLM; {CITED}, "
+                             "2026-07-06: works"})
     return ["(works)=", "## 1. Does it work?\n", _md_table(pd.DataFrame(rows)),
             "\nThe answers check (each arm asked the same greedy prompts, `lib.measure.agreement`)"
             " came after the GPU runs above: none of them carries it yet.\n"]
@@ -232,17 +238,24 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
                "model and hardware): see [comparison](comparison.md).\n")
     out.append("![output tok/s against concurrency per arm](figures/serving.png)\n")
     out.append("![TTFT and ITL p50 and p99 against concurrency](figures/latency.png)\n")
-    table = ev.serving.copy()
-    table["run"] = table["run"].map(run_link)
-    for column in ("output_tps", "output_tps_min", "output_tps_max", *figures.LATENCIES):
-        table[column] = table[column].round(1)
+    table = pd.DataFrame({
+        "run": ev.serving["run"].map(run_link), "stage": ev.serving["stage"].str[:2],
+        "arm": ev.serving["arm"], "c": ev.serving["concurrency"],
+        "output tok/s (min to max)": [f"{m:.0f} ({lo:.0f} to {hi:.0f}), {n} repeats" for m, lo, hi, n
+                                      in zip(ev.serving["output_tps"], ev.serving["output_tps_min"],
+                                             ev.serving["output_tps_max"], ev.serving["repeats"])],
+        "TTFT p50 / p99 (ms)": [f"{a:.0f} / {b:.0f}" for a, b in
+                                zip(ev.serving["ttft_p50_ms"], ev.serving["ttft_p99_ms"])],
+        "ITL p50 / p99 (ms)": [f"{a:.1f} / {b:.1f}" for a, b in
+                               zip(ev.serving["itl_p50_ms"], ev.serving["itl_p99_ms"])]})
     out.append(_md_table(table))
     dropped = ev.cells[~ev.cells["measured"]]
     if len(dropped):
+        counts = dropped.groupby(["run", "stage", "arm"]).size()
         out.append(f"\n{len(dropped)} AIPerf cells are not plotted (errors, or fewer completed "
                    "than requested): " + "; ".join(
-                       f"{r.run} {r.stage} {r.arm} c{r.concurrency} repeat {r.repeat}"
-                       for r in dropped.itertuples()) + ".\n")
+                       f"{run_link(run)} {stage[:2]} {arm}: {n}"
+                       for (run, stage, arm), n in counts.items()) + ".\n")
     out.append("Data: [serving.csv](figures/serving.csv).\n")
     return out
 

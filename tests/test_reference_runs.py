@@ -1,18 +1,18 @@
 """The committed reference runs: sealed, complete, and their gates hold."""
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from lib.core import evidence
-from lib.publish import report
+from lib.publish import catalog, pages, report
 from lib.core.door import REPO_ROOT
 from lib.stages.registry import STAGES
 
 RESULTS = REPO_ROOT / "results"
 REFERENCE = (RESULTS / "REFERENCE").read_text().strip()
-FURTHER = sorted(report.replayed_notebooks(RESULTS))
+FURTHER = sorted(catalog.replayed_notebooks(RESULTS))
+RUNS = {r.run_id: r for r in catalog.catalog(RESULTS)}
 
 
 @pytest.mark.parametrize("run_id", [REFERENCE, *FURTHER])
@@ -70,12 +70,13 @@ def test_a_kube_run_says_what_was_real_and_serves_sixteen_ranks(run_id):
     it), its serve proves the backend and NCCL's EFA provider on all 16 ranks of two nodes."""
     run = RESULTS / run_id
     assert "nodes simulated" in evidence.read_json(run / "run.json")["level"]
-    assert "nodes simulated" in report.verification_level(report.run_record(run))
+    assert "nodes simulated" in RUNS[run_id].level and not RUNS[run_id].feeds_results
     served = {g["gate"]: g for g in evidence.read_gates(run / "04_serve")}
     assert {g["status"] for g in served.values()} == {"PASS"}
     assert served["nccl_init_per_rank"]["observed"]["ranks_complete"] == list(range(16))
     assert served["efa_provider_per_rank"]["status"] == "PASS"
-    assert "Serving: vLLM, EP over 16 GPUs" in report.run_setup(run)
+    assert RUNS[run_id].serving == "vLLM, deepep_v2"
+    assert "nodes simulated" in pages.run_page(RUNS[run_id], REFERENCE)
 
 
 @pytest.mark.parametrize("run_id", SLURM_RUNS)
@@ -137,15 +138,14 @@ def test_committed_notebooks_declare_every_parameter_of_their_stage():
 def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
     import pandas as pd
 
-    page = report.reference_runs_page(RESULTS)
-    section = page.split(f"## `{run_id}`", 1)[1].split("\n## `", 1)[0]
-    assert "### vLLM serve (04)" in section
+    section = pages.run_page(RUNS[run_id], REFERENCE)
+    assert "## vLLM serve (04)" in section
     served = evidence.read_json(RESULTS / run_id / "04_serve" / "vllm_serve.json")
     assert f"ready after {served['ready_s']} s" in section
     if not (RESULTS / run_id / "05_sweep").is_dir():
-        assert "### vLLM sweep (05)" not in section
+        assert "## vLLM sweep (05)" not in section
         return
-    assert "### vLLM sweep (05)" in section
+    assert "## vLLM sweep (05)" in section
     summary = pd.read_csv(RESULTS / run_id / "05_sweep" / "summary.csv")
     for (arm, c), values in summary.groupby(["arm", "concurrency"])["output_tps"]:
         assert f"| {arm} | {c} | {round(values.median(), 1)} |" in section
@@ -155,20 +155,17 @@ def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
         assert f"| {r['shape']} | {r['concurrency']} | {r['n']} | " in section and each in section
 
 
-def test_the_comparison_page_says_what_each_run_measured_with():
-    page = report.comparison_page(RESULTS / REFERENCE)
-    for run_id in [REFERENCE, *FURTHER]:
-        section = page.split(f"## Run `{run_id}`", 1)[1].split("\n## Run `", 1)[0]
-        setup = report.run_setup(RESULTS / run_id)
-        assert setup and setup in section
-    for run_id in VLLM_RUNS:
-        assert "Serving: vLLM, EP over 2 GPUs" in report.run_setup(RESULTS / run_id)
-    for run_id in KERNEL_RUNS:
-        setup = report.run_setup(RESULTS / run_id)
-        if run_id in DEEPEP_RUNS:
-            assert "DeepEP's own test_ep (EP2 over NVLink" in setup
-        else:
-            assert "the torch benchmark, 2 ranks over nccl" in setup
+def test_the_comparison_page_compares_only_the_same_work():
+    """DeepEP's test_ep at the published shape beside the published figure; everything else
+    (the torch benchmark, serving, the CPU and cluster-test runs) one line saying why not."""
+    ev = pages.Evidence(list(RUNS.values()))
+    page = pages.comparison_page(ev, None)
+    assert ev.kernel_run is not None and f"`{ev.kernel_run.run_id}`" in page
+    assert "outside" not in page and "±10%" not in page  # no tolerance band across hardware
+    not_compared = page.split("## Not compared", 1)[1]
+    for what in ("The torch benchmark", "Serving", "CPU, Kubernetes and Slurm runs"):
+        assert what in not_compared
+    assert "not available at build time" in page  # no public tree given here
 
 
 DEEPEP_RUNS = [r for r in FURTHER if (RESULTS / r / "03_kernel_test" / "test_ep.json").exists()]
@@ -178,15 +175,14 @@ def test_a_deepep_run_is_compared_with_deepeps_own_figures_not_the_torch_benchma
     from lib.measure import published
 
     assert DEEPEP_RUNS
-    for run_id in DEEPEP_RUNS:
-        run = RESULTS / run_id
-        row = next(r for r in evidence.read_json(run / "03_kernel_test" / "test_ep.json")
-                   if r["tokens"] == published.MICROBENCH_TOKENS)
-        figures = report.run_figures(run)
-        assert figures["test_ep D+C p50"] == pytest.approx(row["test_ep D+C p50 (us)"])
-        assert figures["test_ep D+C p50"] != pytest.approx(row["torch D+C p50 (us)"])
-        section = report.comparison_page(RESULTS / REFERENCE).split(f"## Run `{run_id}`")[1]
-        assert f"| {figures['test_ep D+C p50']:.1f} |" in section.split("\n## Run `")[0]
+    ev = pages.Evidence(list(RUNS.values()))
+    row = next(r for r in evidence.read_json(RESULTS / ev.kernel_run.run_id / "03_kernel_test"
+                                              / "test_ep.json")
+               if r["tokens"] == published.MICROBENCH_TOKENS)
+    table = pages.comparison_page(ev, None).split("## Not compared", 1)[0]
+    line = next(x for x in table.splitlines() if x.startswith("| test_ep D+C p50 |"))
+    assert f"| {row['test_ep D+C p50 (us)']:.1f} |" in line
+    assert f"{row['torch D+C p50 (us)']:.1f}" not in line
 
 
 def test_deepep_figures_come_only_from_a_passing_gate_at_the_published_token_count():
@@ -222,9 +218,8 @@ def test_the_book_says_a_failed_arm_plainly():
     recorded = [g for g in evidence.read_gates(RESULTS / run_id / "06_multicomm")
                 if g["status"] == "FAIL"]
     assert len(recorded) == 48 and any("\x1b[" in g["reason"] for g in recorded)
-    page = report.reference_runs_page(RESULTS)
-    section = page.split(f"## `{run_id}`", 1)[1].split("\n## `", 1)[0]
-    failed = section.split("### FAIL gates, as recorded", 1)[1]
+    section = pages.run_page(RUNS[run_id], REFERENCE)
+    failed = section.split("## Gates that did not pass", 1)[1].split("SKIP:", 1)[0]
     rows = [line for line in failed.splitlines() if line.startswith("| 06_multicomm")]
     assert len(rows) == 8  # 5 checks x 9 cells, grouped, and the 3 ratios
     assert "| aiperf vllm-graphs-ep c{C} repeat {R}: AIPerf exit 0 (9: c4 r1, c8 r1, c32 r1, " \

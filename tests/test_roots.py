@@ -445,6 +445,9 @@ def test_stage_gates_every_status_and_replays(tmp_path, git_server, files_server
     assert by[("later", "git")]["status"] == "SKIP" and "unresolved" in by[("later", "git")]["reason"]
     assert by[("deepep", "git-commit")]["level"] == "served-e2e"
     assert table["pins_digest"] == hashlib.sha256(pins_file.read_bytes()).hexdigest()
+    # pins without sets: the table and gates of a run recorded before sets existed, unchanged
+    assert set(table) == {"pins_digest", "rows", "counts", "problems"}
+    assert not [g for g in stage.gates if g.gate.startswith("pin set")]
 
     gates = {g.gate: g for g in stage.gates}
     assert gates["pins.yaml follows its schema"].status == "PASS"
@@ -514,3 +517,122 @@ def test_pins_validation_names_every_problem():
                      "not a full 40-hex SHA", "never latest", "not sha256:<64 hex>",
                      "a quoted CPython version"):
         assert expected in problems
+
+
+# ---- pin sets: every set verified, each pin asked once, what is missing named ---------------------
+def sets_pins(git_server, files_server, closed_url) -> dict:
+    """A base set and three more: `fine` (a public commit of its own, a pin dropped), `broken` (a
+    release the index does not have, a commit the repository does not serve) and `offline`."""
+    return {"schema": 1, "pins": {
+        "deepep": pin(kind="git", repo=git_server["url"], commit=git_server["a"]),
+        "tiny": pin(kind="pypi", package="tinyroot", version="1.0.0"),
+        "fix": pin(kind="patch", url=files_server["patch"], sha256=files_server["patch_sha256"],
+                   applies_to="tiny", order=1),
+        "artifact": pin(kind="url", url=files_server["artifact"], size=files_server["size"]),
+    }, "sets": {
+        "base-1": {"base": True, "level": "served-e2e", "source": "the pins above"},
+        "fine": {"level": "verified-at-source", "source": "a test", "pins": {
+            "deepep": pin(kind="git", repo=git_server["url"], commit=git_server["b"]),
+            "artifact": None}},
+        "broken": {"level": "cited", "source": "a test", "pins": {
+            "tiny": pin(kind="pypi", package="tinyroot", version="9.9.9"),
+            "deepep": pin(kind="git", repo=git_server["url"], commit=PHANTOM)}},
+        "offline": {"level": "cited", "source": "a test", "pins": {
+            "deepep": pin(kind="git", repo=f"git://{closed_url}/repo.git",
+                          commit=git_server["a"])}},
+    }}
+
+
+def make_set_stage(run_dir: Path, pin_set: str, replay: bool = False) -> Stage:
+    door = Door(run_dir, STAGE, replay=replay)
+    # pin_set as a test's pins name it (the registry allows only the committed sets' names)
+    resolved = {**params.resolve(STAGE, {}), "pin_set": pin_set}
+    return Stage(STAGE, resolved, run_dir, door, run_dir if replay else None)
+
+
+def test_stage_verifies_every_set_asks_each_pin_once_and_fails_naming_what_is_missing(
+        tmp_path, git_server, files_server, closed_url, monkeypatch):
+    data = sets_pins(git_server, files_server, closed_url)
+    assert pins.validate(data) == []
+    monkeypatch.setattr(roots, "PYPI_INDEX", files_server["index"])
+    pins_file = tmp_path / "pins.yaml"
+    pins_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    run_dir = tmp_path / "run"
+    stage = make_set_stage(run_dir, "fine")
+    table = roots_stage.run(stage, pins_path=pins_file)
+
+    by = {(r["root"], r["kind"]): r["status"] for r in table["rows"]}
+    assert by == {("deepep", "git-commit"): "VERIFIED", ("tiny", "pypi"): "VERIFIED",
+                  ("fix", "patch"): "VERIFIED", ("artifact", "url"): "VERIFIED",
+                  ("fine/deepep", "git-commit"): "VERIFIED",
+                  ("broken/tiny", "pypi"): "MISSING", ("broken/deepep", "git-commit"): "MISSING",
+                  ("offline/deepep", "git-commit"): "SKIP"}
+    sets = table["sets"]
+    assert table["pin_set"] == "fine" and list(sets) == ["base-1", "fine", "broken", "offline"]
+    assert sets["fine"]["pins"] == {"deepep": "fine/deepep", "tiny": "tiny", "fix": "fix"}
+    # the patch was made for the tiny the broken set replaces: it leaves that set
+    assert sets["broken"]["pins"] == {"deepep": "broken/deepep", "tiny": "broken/tiny",
+                                      "artifact": "artifact"}
+    assert [sets[n]["status"] for n in sets] == ["PASS", "PASS", "FAIL", "SKIP"]
+
+    gates = {g.gate: g for g in stage.gates}
+    broken = gates["pin set broken: every pin resolves"]
+    assert broken.status == "FAIL"
+    assert "broken/tiny (pypi) MISSING: tinyroot==9.9.9" in broken.reason
+    assert f"broken/deepep (git-commit) MISSING: repo@{PHANTOM}" in broken.reason
+    assert gates["broken/tiny: pypi"].status == "FAIL"
+    assert gates["broken/deepep: git-commit"].status == "FAIL"
+    fine = gates["pin set fine: every pin resolves"]
+    assert fine.status == "PASS" and "this run's pin_set" in fine.reason
+    assert gates["pin set base-1: every pin resolves"].status == "PASS"
+    offline = gates["pin set offline: every pin resolves"]
+    assert offline.status == "SKIP" and "offline/deepep" in offline.reason
+    assert gates["pin_set names a set of pins.yaml"].status == "PASS"
+
+    # each pin asked once: the inherited ones are not asked again
+    calls = [e for e in read_transcript(run_dir / "transcript.jsonl")]
+    pip_calls = [e for e in calls if e["kind"] == "run" and "index" in e["key"]]
+    assert len(pip_calls) == 2  # tinyroot 1.0.0 (the base set) and 9.9.9 (broken)
+    assert len([e for e in calls if e["kind"] == "http" and "fix.patch" in str(e["key"])]) == 1
+
+    stage.finish()
+    shown = roots_stage.show(stage, json.loads((run_dir / STAGE / "roots.json").read_text()))
+    assert list(shown.columns) == ["root", "sets", *roots_stage.COLUMNS[1:]]
+    serves = dict(zip(shown["root"], shown["sets"]))
+    assert serves["tiny"] == "base-1, fine, offline"
+    assert serves["artifact"] == "base-1, broken, offline"
+    assert serves["broken/tiny"] == "broken"
+
+    pins_file.write_text("schema: 1\npins: {}\n")  # the replay reads the recorded pins
+    replay = make_set_stage(run_dir, "fine", replay=True)
+    assert roots_stage.run(replay, pins_path=pins_file) == table
+    replay.finish()
+
+
+def test_a_pin_set_that_is_not_in_the_pins_read_fails(tmp_path, git_server, files_server,
+                                                        closed_url, monkeypatch):
+    data = sets_pins(git_server, files_server, closed_url)
+    data["sets"] = {"base-1": data["sets"]["base-1"]}
+    monkeypatch.setattr(roots, "PYPI_INDEX", files_server["index"])
+    pins_file = tmp_path / "pins.yaml"
+    pins_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    stage = make_set_stage(tmp_path / "run", "current")
+    table = roots_stage.run(stage, pins_path=pins_file)
+    chosen = {g.gate: g for g in stage.gates}["pin_set names a set of pins.yaml"]
+    assert chosen.status == "FAIL" and "'current' is not a set of the pins read" in chosen.reason
+    assert table["pin_set"] == "current" and list(table["sets"]) == ["base-1"]
+
+
+def test_a_set_with_a_short_sha_is_refused_before_any_call(tmp_path, git_server, files_server,
+                                                           closed_url):
+    data = sets_pins(git_server, files_server, closed_url)
+    data["sets"]["fine"]["pins"]["deepep"]["commit"] = "d4f41e4e93"
+    pins_file = tmp_path / "pins.yaml"
+    pins_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    stage = make_set_stage(tmp_path / "run", "fine")
+    table = roots_stage.run(stage, pins_path=pins_file)
+    [only] = stage.gates
+    assert only.status == "FAIL" and "sets.fine.pins.deepep: commit 'd4f41e4e93'" in only.reason
+    assert table["rows"] == []
+    kinds = [e["kind"] for e in read_transcript(tmp_path / "run" / "transcript.jsonl")]
+    assert kinds == ["read"]

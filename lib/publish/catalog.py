@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib.core import evidence
+from lib.roots import pins
 from lib.stages.registry import STAGES
 
 REFERENCE_FILE = "REFERENCE"  # results/REFERENCE: the run the book publishes by default
@@ -38,6 +39,7 @@ class Run:
     notes: str = ""
     superseded_by: str = ""
     failed_stages: list[str] = field(default_factory=list)
+    pin_set: str = ""  # the stack it ran (lib.roots.pins; runs before sets: the seed's)
 
     @property
     def measured(self) -> list[str]:
@@ -148,7 +150,8 @@ def read_run(run_dir: Path, replayed: list[str], reference: str = "") -> Run:
         kernel=kernel_of(run_dir), serving=serving_of(run_dir), stages=stages,
         replayed=replayed, seal=seal, feeds_results=not why, why_not_results=why,
         notes=notes.read_text(encoding="utf-8") if notes.exists() else "",
-        failed_stages=[s for s, state in stages.items() if state == "FAIL"])
+        failed_stages=[s for s, state in stages.items() if state == "FAIL"],
+        pin_set=pins.pin_set_of(record))
 
 
 def replayed_notebooks(results: Path) -> dict[str, list[str]]:

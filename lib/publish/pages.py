@@ -17,7 +17,6 @@ from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
 from lib.publish import plots, report
 from lib.publish import results as figures
 from lib.publish.catalog import END_TO_END, Run, by_id
-from lib.stages.registry import STAGES
 
 NOT_MEASURED = "not measured"
 QUESTIONS = (
@@ -76,6 +75,13 @@ class Evidence:
             return "no recorded run has DeepEP's test_ep (03 with a DeepEP build)"
         return ("no run that may feed results has a passing 03 with test_ep (runs with test_ep: "
                 + ", ".join(tried) + ")")
+
+
+def sets_said(ev: "Evidence", run_ids) -> str:
+    """The pin sets of the runs behind a figure, said under it."""
+    sets = sorted({r.pin_set for r in ev.runs if r.run_id in set(run_ids)})
+    return "Pin set" + ("s" if len(sets) > 1 else "") + ": " + ", ".join(f"`{x}`" for x in sets) \
+        + " ([pin sets](pin_sets.md))."
 
 
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -166,7 +172,8 @@ def evidence_cell(run: Run | None, engine: str, why_not: str = "") -> str:
     """One cell naming a row's run, hardware, engine and level (a narrow table reads on a page)."""
     if run is None:
         return why_not
-    return f"{run_link(run.run_id)}; {run.hardware}; {engine}; {_level(run)}"
+    return (f"{run_link(run.run_id)}; {run.hardware}; {engine}; pin set `{run.pin_set}`; "
+            f"{_level(run)}")
 
 
 def works_section(ev: Evidence) -> list[str]:
@@ -216,8 +223,11 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
     else:
         plots.kernel_plot(kernel, ev.published_kernel, figures_dir)
         out.append("![dispatch+combine p50 against tokens per rank](figures/kernel.png)\n")
+        out.append(sets_said(ev, kernel["run"]) + "\n")
         table = kernel.pivot_table(index=["run", "tokens"], columns="series",
                                    values="p50_us").round(1).reset_index()
+        sets = {r.run_id: r.pin_set for r in ev.runs}
+        table.insert(1, "pin set", table["run"].map(sets))
         table["run"] = table["run"].map(run_link)
         out.append(_md_table(table.astype(object).where(table.notna(), NOT_MEASURED)))
         pub = ev.published_kernel
@@ -238,8 +248,11 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
                "model and hardware): see [comparison](comparison.md).\n")
     out.append("![output tok/s against concurrency per arm](figures/serving.png)\n")
     out.append("![TTFT and ITL p50 and p99 against concurrency](figures/latency.png)\n")
+    out.append(sets_said(ev, ev.serving["run"]) + "\n")
+    sets = {r.run_id: r.pin_set for r in ev.runs}
     table = pd.DataFrame({
-        "run": ev.serving["run"].map(run_link), "stage": ev.serving["stage"].str[:2],
+        "run": ev.serving["run"].map(run_link), "pin set": ev.serving["run"].map(sets),
+        "stage": ev.serving["stage"].str[:2],
         "arm": ev.serving["arm"], "c": ev.serving["concurrency"],
         "output tok/s (min to max)": [f"{m:.0f} ({lo:.0f} to {hi:.0f}), {n} repeats" for m, lo, hi, n
                                       in zip(ev.serving["output_tps"], ev.serving["output_tps_min"],
@@ -266,6 +279,7 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
     if ratios["ratio"].notna().any():
         plots.lever_plot(ratios, figures_dir)
         out.append("![each ratio and every paired round](figures/levers.png)\n")
+        out.append(sets_said(ev, ratios["run"]) + "\n")
     table = pd.DataFrame({
         "b / a": ratios["lever"], "shape": ratios["shape"], "concurrency": ratios["concurrency"],
         "rounds": ratios["rounds"],
@@ -276,6 +290,7 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
                            for lo, hi, n in zip(ratios["low"], ratios["high"], ratios["rounds"])],
         "each round": ratios["each_round"].map(lambda v: ", ".join(f"{x:.3f}" for x in v)),
         "run": ratios["run"].map(run_link),
+        "pin set": ratios["run"].map({r.run_id: r.pin_set for r in ev.runs}),
     })
     out.append(_md_table(table))
     epnc = published_epnc_ratio()
@@ -295,7 +310,8 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
 def history_page(runs: list[Run]) -> str:
     table = pd.DataFrame([{
         "run": run_link(r.run_id, prefix=""), "date": r.date, "hardware": r.hardware,
-        "context": r.context, "measured": ", ".join(s[:2] for s in r.measured),
+        "context": r.context, "pin set": r.pin_set,
+        "measured": ", ".join(s[:2] for s in r.measured),
         "verdict": r.verdict, "status": r.label,
         "replayed by make test": ", ".join(s[:2] for s in r.replayed) or "no",
         "feeds results": "yes" if r.feeds_results else "no",
@@ -325,6 +341,7 @@ def run_page(run: Run, published_run: str) -> str:
         {"": "date (UTC)", " ": run.record.get("created_utc", "")},
         {"": "hardware", " ": run.hardware},
         {"": "context", " ": f"`{run.context}`"},
+        {"": "pin set", " ": pin_set_said(run)},
         {"": "kernel", " ": run.kernel or "not run"},
         {"": "serving", " ": run.serving or "not run"},
         {"": "feeds the results page", " ": "yes" if run.feeds_results else
@@ -346,6 +363,23 @@ def run_page(run: Run, published_run: str) -> str:
     out += [s.replace("\n### ", "\n## ") for s in report.vllm_sections(run.path)]
     out.append("\n## Gates that did not pass\n\n" + not_passed_gates(run.path))
     return "\n".join(out)
+
+
+def pin_set_said(run: Run) -> str:
+    from lib.roots import pins
+
+    level = ((pins.load().get("sets") or {}).get(run.pin_set) or {}).get("level", "")
+    said = f"`{run.pin_set}` ({level})" if level else f"`{run.pin_set}`"
+    if "pin_set" not in run.record:
+        said += ": recorded before pin sets existed, read as the stack every such run used"
+    return said
+
+
+def pin_sets_table() -> str:
+    """Appended to book/pin_sets.md: every set's main roots, from pins.yaml."""
+    from lib.roots import pins
+
+    return "\n## Every set, from pins.yaml\n\n" + _md_table(pd.DataFrame(pins.set_overview()))
 
 
 def demote_headings(markdown: str) -> str:

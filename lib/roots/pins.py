@@ -4,6 +4,14 @@
 door (so a replay sees the pins the run recorded). `validate` checks the schema described at the
 top of pins.yaml; `dockerfile_args` gives every Dockerfile ARG the pins dictate, which stage 02
 and tests/test_image.py compare with the Dockerfile.
+
+Pin sets (pins.yaml `sets:`): named, complete stacks. The top-level `pins:` are the base set
+(`base: true`, the stack measured so far) exactly as every reader has always read them; each
+other set names only what it changes: a pin replaced (a whole pin), dropped (`null`) or added.
+`select(data, name)` gives a set as pins data of the same shape (so `items`, `validate`,
+`dockerfile_args` work on it), `set_pins` its pins, `set_rows` / `set_overview` the rows the
+book shows, `pin_set_of(run_json)` the set a recorded run used (runs recorded before sets
+existed used `RECORDED_BEFORE_SETS`).
 """
 from __future__ import annotations
 
@@ -19,7 +27,16 @@ from lib.core.errors import PinsError
 PINS_PATH = Path(__file__).resolve().parents[2] / "pins.yaml"
 
 KINDS = ("git", "pypi", "image", "url", "hf", "patch", "pr_head")
-LEVELS = ("served-e2e", "build-only", "cited")
+# served-e2e: a serve used it; build-only: built or checked, not served; verified-at-source: read
+# here at its public source (a wheel's METADATA, a release's sdist, a repository snapshot), never
+# run; cited: taken from a named public source, not read at its own source here.
+LEVELS = ("served-e2e", "build-only", "verified-at-source", "cited")
+# A set's level: the strongest claim true of the set as a whole.
+SET_LEVELS = ("served-e2e", "verified-at-source", "cited")
+SET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+SET_KEYS = ("base", "level", "source", "note", "pins")
+# The set every run recorded before pin sets existed used (their run.json has no "pin_set").
+RECORDED_BEFORE_SETS = "seed-2026-07"
 PIN_STATUSES = ("pinned", "unresolved")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -36,7 +53,8 @@ REQUIRED = {
     "patch": ("sha256", "applies_to", "order"),  # and one of url / path (_shape_problems)
     "pr_head": ("repo", "pr", "head"),
 }
-COMMON = ("kind", "level", "source", "status", "reason", "resolved_by", "note", "dockerfile")
+COMMON = ("kind", "level", "source", "status", "reason", "resolved_by", "note", "dockerfile",
+          "sets")
 OPTIONAL = {
     "git": ("ref", "patched_tree"),
     "pypi": ("local", "index", "python"),
@@ -47,6 +65,17 @@ OPTIONAL = {
     "pr_head": ("taken",),
 }
 COMPUTED = ("ref", "full_version")
+# What a pin of each kind is, for telling two pins apart: two pins with the same key verify the
+# same thing at the same source (stage 01 asks once).
+KEY_FIELDS = {
+    "git": ("repo", "commit", "ref"),
+    "pypi": ("package", "version", "local", "index", "python"),
+    "image": ("registry", "repository", "tag", "digest"),
+    "url": ("url", "size"),
+    "hf": ("model", "revision", "endpoint"),
+    "patch": ("url", "path", "sha256"),
+    "pr_head": ("repo", "pr", "head"),
+}
 
 
 def load(path: Path = PINS_PATH) -> dict:
@@ -118,6 +147,7 @@ def validate(data: Any) -> list[str]:
             if arg in args_seen:
                 problems.append(f"pins.{name}: ARG {arg} is also mapped by pins.{args_seen[arg]}")
             args_seen[arg] = name
+    problems += _set_problems(data)
     build_args = data.get("build_args") or {}
     if not isinstance(build_args, dict):
         problems.append("build_args: a mapping of ARG -> value is required")
@@ -148,6 +178,9 @@ def _validate_pin(pin: Any, pins: dict) -> list[str]:
     unknown = sorted(set(pin) - set(COMMON) - set(REQUIRED[kind]) - set(OPTIONAL[kind]))
     if unknown:
         problems.append(f"unknown keys for kind {kind}: {', '.join(unknown)}")
+    if "sets" in pin and (not isinstance(pin["sets"], list) or not pin["sets"]
+                          or not all(isinstance(n, str) for n in pin["sets"])):
+        problems.append(f"sets {pin['sets']!r}: a non-empty list of set names")
     if status(pin) == "unresolved":
         if not pin.get("reason"):
             problems.append("an unresolved pin needs its reason")
@@ -199,6 +232,212 @@ def _shape_problems(kind: str, pin: dict, pins: dict) -> list[str]:
         value = pin.get(key)
         if value is not None and not re.match(r"^(https?|git|file)://", str(value)):
             problems.append(f"{key} {value!r} is not a URL")
+    return problems
+
+
+# ---- pin sets ----------------------------------------------------------------------------------
+def has_sets(data: Any) -> bool:
+    return isinstance(data, dict) and bool(data.get("sets"))
+
+
+def set_names(data: dict) -> list[str]:
+    """The sets in file order ([] when the pins define none)."""
+    return list(data.get("sets") or {}) if isinstance(data, dict) else []
+
+
+def base_set(data: dict) -> str | None:
+    """The set the top-level pins are (`base: true`); None when the pins define no sets."""
+    found = [name for name, spec in (data.get("sets") or {}).items()
+             if isinstance(spec, dict) and spec.get("base")]
+    return found[0] if len(found) == 1 else None
+
+
+def set_pins(data: dict, name: str) -> dict[str, dict]:
+    """The pins of set `name`, in file order: the top-level pins, then what the set adds.
+
+    A set's entry replaces a top-level pin of the same name (a whole pin) or drops it (null). A
+    top-level pin with `sets:` belongs only to the sets it names. A patch whose `applies_to` pin
+    the set replaces or drops leaves the set unless its `sets:` names the set (a patch is made
+    for one source; that it applies to another must be said)."""
+    sets = data.get("sets") or {}
+    if name not in sets:
+        known = ", ".join(sets) or "none (pins.yaml defines no sets)"
+        raise PinsError(f"pin set {name!r} is not in pins.yaml; sets: {known}")
+    overrides = (sets[name] or {}).get("pins") or {}
+    resolved: dict[str, dict] = {}
+    for pin_name, pin in (data.get("pins") or {}).items():
+        if pin_name in overrides:
+            if overrides[pin_name] is not None:
+                resolved[pin_name] = overrides[pin_name]
+            continue
+        named = pin.get("sets") if isinstance(pin, dict) else None
+        if named is not None and name not in named:
+            continue
+        if (isinstance(pin, dict) and pin.get("kind") == "patch"
+                and pin.get("applies_to") in overrides and named is None):
+            continue
+        resolved[pin_name] = pin
+    for pin_name, pin in overrides.items():
+        if pin_name not in (data.get("pins") or {}) and pin is not None:
+            resolved[pin_name] = pin
+    return resolved
+
+
+def select(data: dict, name: str) -> dict:
+    """Set `name` as pins data of the same shape as the file (schema, pins, build_args)."""
+    selected = {"schema": data.get("schema"), "pins": set_pins(data, name)}
+    if "build_args" in data:
+        selected["build_args"] = data["build_args"]
+    return selected
+
+
+def pin_key(pin: dict) -> tuple:
+    """What a pin verifies (KEY_FIELDS); an unresolved pin is never the same as another."""
+    kind = pin.get("kind")
+    if status(pin) != "pinned" or kind not in KEY_FIELDS:
+        return (kind, "unresolved", id(pin))
+    return (kind, *(str(pin.get(k)) for k in KEY_FIELDS[kind]))
+
+
+def pin_set_of(run_json: dict) -> str:
+    """The pin set a recorded run used: its run.json's "pin_set", or, for a run recorded before
+    pin sets existed, RECORDED_BEFORE_SETS (the stack every such run measured)."""
+    return (run_json or {}).get("pin_set") or RECORDED_BEFORE_SETS
+
+
+def describe(pin: dict) -> str:
+    """A pin in a few words: vllm==0.26.0, deepseek-ai/DeepEP@d4f41e4e93, a file's name."""
+    kind = pin.get("kind")
+    if status(pin) != "pinned":
+        return f"unresolved: {pin.get('reason', '')}"
+    if kind == "pypi":
+        return f"{pin['package']}=={full_version(pin)}"
+    if kind in ("git", "pr_head"):
+        repo = re.sub(r"^[a-z]+://[^/]+/|\.git$", "", str(pin["repo"]))
+        if kind == "pr_head":
+            return f"{repo}#{pin['pr']} head {str(pin['head'])[:12]}"
+        return f"{repo}@{str(pin['commit'])[:12]}" + (f" ({pin['ref']})" if pin.get("ref") else "")
+    if kind == "image":
+        return image_ref(pin)
+    if kind == "url":
+        return str(pin.get("version") or pin["url"].rsplit("/", 1)[-1])
+    if kind == "hf":
+        return f"{pin['model']}@{str(pin['revision'])[:12]}"
+    if kind == "patch":
+        return str(pin.get("path") or pin["url"].rsplit("/", 1)[-1])
+    return str(kind)
+
+
+def set_rows(data: dict | None = None) -> list[dict[str, str]]:
+    """One row per pin of every set, for the book: set, set_level, pin, kind, what (describe),
+    level, source, and `as` ("the base set" when the set takes the top-level pin unchanged,
+    "this set" when the set names it itself)."""
+    data = data if data is not None else load()
+    rows = []
+    for name in set_names(data):
+        spec = data["sets"][name] or {}
+        own = (spec.get("pins") or {})
+        for pin_name, pin in set_pins(data, name).items():
+            rows.append({"set": name, "set_level": str(spec.get("level", "")), "pin": pin_name,
+                         "kind": str(pin.get("kind", "")), "what": describe(pin),
+                         "level": str(pin.get("level", "")), "source": str(pin.get("source", "")),
+                         "as": "this set" if pin_name in own else "the base set"})
+    return rows
+
+
+OVERVIEW_ROLES = ("vllm", "torch", "nccl", "nvshmem", "deepep", "efa_installer", "aiperf_public")
+
+
+def set_overview(data: dict | None = None) -> list[dict[str, str]]:
+    """One row per set, for the book's table of sets: set, level, base (yes/''), the pins of
+    OVERVIEW_ROLES in a few words ('' when the set has none), this project's patches in the
+    set, source and note."""
+    data = data if data is not None else load()
+    rows = []
+    for name in set_names(data):
+        spec = data["sets"][name] or {}
+        pins = set_pins(data, name)
+        row = {"set": name, "level": str(spec.get("level", "")),
+               "base": "yes" if spec.get("base") else ""}
+        for role in OVERVIEW_ROLES:
+            row[role] = describe(pins[role]) if role in pins else ""
+        row["patches"] = ", ".join(n for n, p in pins.items()
+                                   if p.get("kind") == "patch" and "path" in p)
+        row["source"] = str(spec.get("source", ""))
+        row["note"] = str(spec.get("note", ""))
+        rows.append(row)
+    return rows
+
+
+def _set_problems(data: dict) -> list[str]:
+    """Every problem of the `sets:` section (none when there is none: sets are optional)."""
+    if "sets" not in data:
+        return []
+    sets = data["sets"]
+    if not isinstance(sets, dict) or not sets:
+        return ["sets: a non-empty mapping of name -> set is required when `sets` is given"]
+    problems = []
+    top = data.get("pins") or {}
+    bases = [n for n, s in sets.items() if isinstance(s, dict) and s.get("base")]
+    if len(bases) != 1:
+        problems.append(f"sets: exactly one set is the top-level pins (`base: true`), found "
+                        f"{len(bases)}: {', '.join(bases) or 'none'}")
+    for name, spec in sets.items():
+        where, before = f"sets.{name}", len(problems)
+        if not SET_NAME.match(str(name)):
+            problems.append(f"{where}: a set name is lower-case letters, digits, '.', '-' (at "
+                            "most 63, starting with a letter or digit)")
+        if not isinstance(spec, dict):
+            problems.append(f"{where}: a set must be a mapping")
+            continue
+        unknown = sorted(set(spec) - set(SET_KEYS))
+        if unknown:
+            problems.append(f"{where}: unknown keys {', '.join(map(str, unknown))}")
+        if spec.get("level") not in SET_LEVELS:
+            problems.append(f"{where}: level {spec.get('level')!r} is not one of "
+                            f"{', '.join(SET_LEVELS)}")
+        if not spec.get("source"):
+            problems.append(f"{where}: source is required (what the set is, who pins it, when)")
+        own = spec.get("pins")
+        if own is not None and not isinstance(own, dict):
+            problems.append(f"{where}.pins: a mapping of pin name -> pin (or null: dropped)")
+            continue
+        own = own or {}
+        if spec.get("base") and own:
+            problems.append(f"{where}: the base set is the top-level pins as they are; it names "
+                            "no pins of its own")
+        for pin_name, pin in own.items():
+            if pin is None:
+                if pin_name not in top:
+                    problems.append(f"{where}.pins.{pin_name}: null drops a top-level pin, and "
+                                    "there is none of that name")
+                continue
+            if isinstance(pin, dict) and "sets" in pin:
+                problems.append(f"{where}.pins.{pin_name}: `sets` belongs on top-level pins")
+            if isinstance(pin, dict) and pin.get("dockerfile"):
+                problems.append(f"{where}.pins.{pin_name}: a set's pin maps no Dockerfile ARG "
+                                "(the Dockerfile's ARGs are the top-level pins')")
+        if len(problems) > before:
+            continue
+        resolved = set_pins(data, name)
+        for pin_name, pin in own.items():
+            if pin is not None:
+                problems += [f"{where}.pins.{pin_name}: {p}" for p in _validate_pin(pin, resolved)]
+        for pin_name, pin in resolved.items():
+            if (pin_name not in own and isinstance(pin, dict) and pin.get("kind") == "patch"
+                    and pin.get("applies_to") not in resolved):
+                problems.append(f"{where}: patch {pin_name} applies to {pin.get('applies_to')!r}, "
+                                "which this set drops")
+    for pin_name, pin in top.items():
+        named = pin.get("sets") if isinstance(pin, dict) else None
+        if isinstance(named, list):
+            for set_name in named:
+                if set_name not in sets:
+                    problems.append(f"pins.{pin_name}: sets names {set_name!r}, which is not a "
+                                    "set")
+            if bases and bases[0] not in named:
+                problems.append(f"pins.{pin_name}: a top-level pin is in the base set "
+                                f"({bases[0]}); its `sets` must name it")
     return problems
 
 

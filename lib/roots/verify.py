@@ -13,6 +13,10 @@ Each check returns a `Row` {root, kind, level, source, pin, resolved, status, re
 The checks are deterministic given the door's answers: no clock, no socket, no file outside the
 run directory is touched except through the door, so a replay re-computes the same rows.
 `evidence` names the door's recorded streams (``calls/<stage>/<seq>.<stream>``) behind a row.
+
+Pin sets: `verify_sets` asks every pin a set names that no top-level pin (or earlier set) already
+is, as a row whose root is `<set>/<pin>`; `set_verdict` says whether a set resolves, naming what
+does not.
 """
 from __future__ import annotations
 
@@ -334,11 +338,13 @@ def pip_index_argv(python: str, package: str, index_url: str, target_python: str
 
 
 def verify_pypi(door, name: str, pin: dict, *, package: str, version: str,
-                index_url: str = PYPI_INDEX, python: str | None = None,
+                index_url: str | None = None, python: str | None = None,
                 target_python: str = TARGET_PYTHON, kind: str = "pypi") -> Row:
     """A version exists on a package index for the target platform (`pip index versions`:
-    under a second, nothing downloaded; pip's warnings on stderr are expected)."""
+    under a second, nothing downloaded; pip's warnings on stderr are expected). No index given:
+    PYPI_INDEX as the module holds it when called (a test points it at a local index)."""
     python = python or sys.executable
+    index_url = index_url or PYPI_INDEX
     where = "PyPI" if index_url == PYPI_INDEX else index_url
     shown = f"{package}=={version} on {where} (CPython {target_python}, linux x86_64)"
     result = door.run(pip_index_argv(python, package, index_url, target_python),
@@ -667,6 +673,66 @@ def verify_all(door, data: dict, *, scratch: Path, python: str | None = None) ->
     for name, pin in pins_mod.items(data):
         rows += verify_pin(door, name, pin, scratch=scratch, python=python)
     return rows
+
+
+# ---- pin sets -----------------------------------------------------------------------------------
+FAILING = ("MISSING", "FAIL")
+
+
+def set_root(set_name: str, pin_name: str) -> str:
+    """The root name of a pin a set names itself: `<set>/<pin>` (a top-level pin keeps its name)."""
+    return f"{set_name}/{pin_name}"
+
+
+def verify_sets(door, data: dict, *, scratch: Path,
+                python: str | None = None) -> tuple[list[Row], dict[str, dict]]:
+    """Every pin of every set that no earlier row verified: (the new rows, each set's pins).
+
+    The top-level pins (the base set) are verify_all's, asked already. Sets are walked in file
+    order; a pin whose pins.pin_key equals one already asked (a top-level pin, or an earlier
+    set's) is not asked again: the set points at that pin's root. Each set's entry:
+    {"level", "base", "pins": {pin name: root}}. Deterministic given the door's answers."""
+    verified: dict[tuple, str] = {}
+    for name, pin in pins_mod.items(data):
+        verified.setdefault(pins_mod.pin_key(pin), name)
+    rows: list[Row] = []
+    sets: dict[str, dict] = {}
+    for set_name in pins_mod.set_names(data):
+        spec = data["sets"][set_name] or {}
+        members: dict[str, str] = {}
+        for pin_name, pin in pins_mod.set_pins(data, set_name).items():
+            key = pins_mod.pin_key(pin)
+            if key not in verified:
+                root = set_root(set_name, pin_name)
+                rows += verify_pin(door, root, pin, scratch=scratch, python=python)
+                verified[key] = root
+            members[pin_name] = verified[key]
+        sets[set_name] = {"level": str(spec.get("level", "")), "base": bool(spec.get("base")),
+                          "pins": members}
+    return rows, sets
+
+
+def set_verdict(members: dict[str, str], rows: list[Row]) -> tuple[str, dict[str, int], str]:
+    """(FAIL | SKIP | PASS, counts of the set's rows by status, the reason naming what decided it).
+
+    FAIL when a row of the set is MISSING or FAIL (each named with what it pinned); SKIP when none
+    is but a row could not be asked (an unreachable source is never a PASS); PASS otherwise."""
+    by_root: dict[str, list[Row]] = {}
+    for row in rows:
+        by_root.setdefault(row.root, []).append(row)
+    mine = [row for root in dict.fromkeys(members.values()) for row in by_root.get(root, [])]
+    counts = {s: 0 for s in STATUSES}
+    for row in mine:
+        counts[row.status] += 1
+    failing = [r for r in mine if r.status in FAILING]
+    if failing:
+        return "FAIL", counts, "; ".join(f"{r.root} ({r.kind}) {r.status}: {r.pin}: {r.reason}"
+                                         for r in failing)
+    skipped = [r for r in mine if r.status == "SKIP"]
+    if skipped:
+        return "SKIP", counts, (f"{len(skipped)} of {len(mine)} checks could not be asked: "
+                                + ", ".join(sorted({r.root for r in skipped})))
+    return "PASS", counts, f"all {len(mine)} checks VERIFIED or DRIFT"
 
 
 def summarize(rows: list[Row]) -> dict[str, int]:

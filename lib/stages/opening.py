@@ -85,6 +85,9 @@ def write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
         "guide": {"git_sha": sha.stdout.strip() if sha.ok else None,
                   "dirty": bool(dirty.stdout.strip()) if dirty.ok else None},
         "pins_digest": pins.digest(),
+        # the pin set the run uses (pins.yaml `sets:`); a run.json without it predates sets and
+        # used pins.RECORDED_BEFORE_SETS (pins.pin_set_of)
+        "pin_set": resolved.get("pin_set"),
         # patched sites on this process's path (scripts/vllm-site.sh patches vLLM's): which
         # patched code the run's servers import, each file checked against its recorded sha256
         "site_patches": site_patches.applied_on(os.environ.get("PYTHONPATH")),

@@ -33,6 +33,7 @@ ENGINES = ("transformers", "vllm")
 WORKLOADS = ("statefulset", "leaderworkerset")
 _CLUSTER = ("plan", "kube", "slurm")  # contexts that serve a real model on p5en-class nodes
 _MODEL_PIN = pins_mod.load()["pins"]["model"]  # the one source of the cluster model and revision
+_PINS = pins_mod.load()  # the pin sets `pin_set` chooses among, and its default (the base set)
 
 
 def _cluster(value) -> dict[str, Any]:
@@ -107,6 +108,9 @@ _PARAMS = [
     Param("results_dir", Folder(absolute=False, written=True, here=True, base=REPO_ROOT),
           {"*": "results"}, "where run directories live (relative to the repository)"),
     Param("seed", Integer(0, MAX_SEED), {"*": 0}, "seed of every random draw"),
+    Param("pin_set", OneOf(tuple(pins_mod.set_names(_PINS))), {"*": pins_mod.base_set(_PINS)},
+          "the pin set (pins.yaml `sets:`) the run uses, recorded in run.json; 01 verifies "
+          "every set", legacy=pins_mod.RECORDED_BEFORE_SETS),
     Param("nodes", Integer(1, MAX_NODES), {"local": 1, **_cluster(2)}, "nodes in the run",
           together="1 on the local context"),
     Param("instance_type", OneOf(tuple(INSTANCE_TYPES)), _cluster(DEFAULT_INSTANCE_TYPE),
@@ -237,7 +241,7 @@ PARAMS = {p.name: p for p in _PARAMS}
 
 
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
-          "namespace")
+          "namespace", "pin_set")
 PLACE = ("plan_for", "instance_type", "efa_per_node", "image", "venv", "partition", "account",
          "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",

@@ -8,6 +8,14 @@ roots.json (the table) and adds one gate per row:
     not a FAIL); SKIP -> SKIP with its reason (an unreachable source is never a PASS);
     FAIL -> FAIL.
 
+Pin sets (pins.yaml `sets:`): when the pins read define sets, every set is verified, not only
+the run's `pin_set`: each pin a set names itself (`<set>/<pin>` rows) is asked once (a pin equal to
+one already asked is not asked again), and each set gets one gate, FAIL naming every pin of it
+that is MISSING or FAIL, SKIP when some could not be asked, PASS otherwise; one more gate says
+whether `pin_set` names a set of the pins read. roots.json then holds "pin_set" and "sets". What
+is verified follows the pins the run read: a run recorded before sets existed read pins without
+them, so its replay asks exactly the calls it recorded.
+
 `show(stage, data)` returns the table for the notebook. Nothing here prints a timestamp.
 """
 from __future__ import annotations
@@ -55,17 +63,56 @@ def run(stage, *, pins_path: Path | None = None, python: str | None = None) -> d
         stage.write_json(ROOTS_JSON, table)
         return table
     scratch = stage.path("scratch")
+    sets = None
     try:
         rows = roots.verify_all(stage.door, data, scratch=scratch, python=python or sys.executable)
+        if pins_mod.has_sets(data):
+            extra, sets = roots.verify_sets(stage.door, data, scratch=scratch,
+                                            python=python or sys.executable)
+            rows += extra
     finally:
         stage.door.run(["rm", "-rf", str(scratch)], timeout=60, check=False)
     table = {"pins_digest": digest, "rows": [r.as_dict() for r in rows],
              "counts": roots.summarize(rows), "problems": []}
+    if sets is not None:
+        chosen = stage.params.get("pin_set") or pins_mod.base_set(data)
+        for name, entry in sets.items():
+            entry["status"], entry["counts"], entry["reason"] = roots.set_verdict(entry["pins"],
+                                                                                  rows)
+        table.update({"pin_set": chosen, "sets": sets})
     rel = stage.write_json(ROOTS_JSON, table)
     stage.add([row_gate(r, rel) for r in rows])
+    if sets is not None:
+        stage.add(set_gates(table, rel))
     counts = table["counts"]
     print("roots: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    if sets is not None:
+        print("sets: " + ", ".join(f"{n} {e['status']}" for n, e in sets.items())
+              + f" (this run's pin_set: {table['pin_set']})")
     return table
+
+
+def set_gates(table: dict, rel: str) -> list[Gate]:
+    """One gate per set, then whether the run's pin_set is one of them."""
+    gates = []
+    chosen = table["pin_set"]
+    for name, entry in table["sets"].items():
+        gate_name = f"pin set {name}: every pin resolves"
+        said = f"level {entry['level']}" + (", this run's pin_set" if name == chosen else "")
+        reason = f"{entry['reason']} ({said})"
+        if entry["status"] == "SKIP":
+            gates.append(skip(gate_name, reason, [rel]))
+        else:
+            gates.append(gate(gate_name, entry["status"] == "PASS",
+                              observed={k: v for k, v in entry["counts"].items() if v},
+                              expected="every pin VERIFIED (or DRIFT)", reason=reason,
+                              evidence=[rel]))
+    gates.append(gate("pin_set names a set of pins.yaml", chosen in table["sets"],
+                      observed=chosen, expected=list(table["sets"]),
+                      reason=("" if chosen in table["sets"] else
+                              f"pin_set {chosen!r} is not a set of the pins read"),
+                      evidence=[rel]))
+    return gates
 
 
 def show(stage, data: dict | None = None):
@@ -76,4 +123,10 @@ def show(stage, data: dict | None = None):
     rows = data["rows"] if isinstance(data, dict) else data
     frame = pd.DataFrame([{k: r.get(k) for k in COLUMNS} for r in rows], columns=COLUMNS)
     frame["evidence"] = frame["evidence"].map(lambda e: ", ".join(e or []))
+    if isinstance(data, dict) and data.get("sets"):  # which sets each root serves
+        serves: dict[str, list[str]] = {}
+        for name, entry in data["sets"].items():
+            for root in dict.fromkeys(entry["pins"].values()):
+                serves.setdefault(root, []).append(name)
+        frame.insert(1, "sets", frame["root"].map(lambda r: ", ".join(serves.get(r, []))))
     return frame

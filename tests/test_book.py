@@ -224,3 +224,18 @@ def test_an_unsealed_run_is_published_only_as_incomplete(tmp_path):
     for stage in ("00_cluster", "05_sweep"):
         banner = nbformat.read(src / "notebooks" / f"{stage}.ipynb", as_version=4).cells[1].source
         assert banner.startswith("**Incomplete run**"), stage
+
+
+def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest():
+    from lib.publish import cited
+
+    runs = catalog(RESULTS)
+    page = pages.coverage_page(runs, list(cited.CLAIMS))
+    vllm = next(line for line in page.splitlines() if line.startswith("| vLLM |"))
+    # one GPU host and Kubernetes ran vLLM (the latter with simulated nodes); Slurm rendered it
+    assert "runs (" in vllm.split("|")[3] and "runs (" in vllm.split("|")[4]
+    assert "build-only" in vllm.split("|")[5]
+    for claim in cited.CLAIMS:
+        assert claim["claim"] in page and claim["date"] in page
+    seed_runs = sum(r.pin_set == "seed-2026-07" for r in runs)
+    assert f"`seed-2026-07` (served-e2e): {seed_runs} committed runs" in page

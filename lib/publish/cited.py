@@ -1,17 +1,19 @@
 """What public sources claim for the engines and lanes this guide does not run (the coverage
 page). Each claim names its source and the date the source gives, or the date it was found when
-the source gives none ("as found"). Sources: ../shared/reference/ANCHORS.md (R is the public
-2x p5en reproduction, antonai-work/deepep-v2-efa-repro); figures are theirs, not ours."""
+the source gives none ("as found"). Sources: ../shared/reference/ANCHORS.md (REPRO: the public
+2x p5en reproduction); figures are theirs, not ours."""
 from __future__ import annotations
+
+from lib.measure.published import SOURCE as REPRO  # the public 2x p5en reproduction
 
 CLAIMS = (
     {"engine": "vLLM", "claim": "deepep_v2 backend first released in 0.24.0 (vLLM #41183); "
      "needs NCCL >= 2.30.4", "source": "vLLM GitHub", "date": "2026-04-29"},
     {"engine": "vLLM", "claim": "DeepEP V2 test_ep EP16 on 2x p5en over EFA: D+C p50 443.6 us, "
-     "16 of 16 ranks exit 0", "source": "R RESULTS.md", "date": "2026-07-06"},
+     "16 of 16 ranks exit 0", "source": REPRO, "date": "2026-07-06"},
     {"engine": "vLLM", "claim": "0.24.0 deepep_v2 serving on 2x p5en: EP_NUM_COMMS 8 over 1 "
      "is 2.02 / 1.97 / 1.89x output tok/s at c4 / 8 / 32, one run per arm",
-     "source": "R RESULTS.md", "date": "2026-07-07"},
+     "source": REPRO, "date": "2026-07-07"},
     {"engine": "vLLM", "claim": "deepep_v2 without --enforce-eager: fixes merged after 0.24.0 "
      "(#46408, #47785, #52632); crash in cudagraph mode still reported (issue #52894, open PRs "
      "#51166, #55319)", "source": "vLLM GitHub", "date": "as found 2026-12-01"},
@@ -20,21 +22,21 @@ CLAIMS = (
      "source": "awsome-distributed-ai PR #1230", "date": "2026-09-22"},
     {"engine": "SGLang", "claim": "0.5.11 with DeepEP V2 over EFA on 2x p5en: 34.5 / 67.2 / "
      "255.2 output tok/s at c4 / 8 / 32, with EP_NUM_COMMS 8 (an overlay)",
-     "source": "R RESULTS.md", "date": "2026-07-07"},
+     "source": REPRO, "date": "2026-07-07"},
     {"engine": "SGLang", "claim": "a deepep_v2 backend merged upstream (#29525, relanded #35634)",
      "source": "SGLang GitHub", "date": "2026-08"},
     {"engine": "TensorRT-LLM", "claim": "0.21.0 with DeepEP V2 over EFA on 2x p5en: 66.5 / "
-     "147.5 / 586.7 output tok/s at c4 / 8 / 32 (API shim)", "source": "R RESULTS.md",
+     "147.5 / 586.7 output tok/s at c4 / 8 / 32 (API shim)", "source": REPRO,
      "date": "2026-07-07"},
     {"engine": "TensorRT-LLM", "claim": "NCCL EP backend only in 1.3.0rc24; illegal memory "
      "access at first dispatch on EFA reported (#17714, #17715)",
      "source": "TensorRT-LLM GitHub", "date": "as found 2026-12-01"},
     {"engine": "Megatron-LM", "claim": "2x8 H100 training steps with loss falling and EFA "
-     "traffic recorded; nothing said of its all-to-all backend", "source": "R RESULTS.md",
+     "traffic recorded; nothing said of its all-to-all backend", "source": REPRO,
      "date": "2026-05-05"},
     {"engine": "NeMo-RL", "claim": "world 16 H100: a rollout passes; nothing said of its "
-     "all-to-all backend", "source": "R RESULTS.md", "date": "2026-04-29"},
+     "all-to-all backend", "source": REPRO, "date": "2026-04-29"},
     {"engine": "llm-d", "claim": "routing answered HTTP 200; defaults to LeaderWorkerSet, and "
-     "v0.9.0 ships an EFA image with vLLM 0.26.0", "source": "R RESULTS.md; llm-d",
+     "v0.9.0 ships an EFA image with vLLM 0.26.0", "source": REPRO + "; llm-d",
      "date": "2026-04-29; as found 2026-12-01"},
 )

@@ -498,8 +498,21 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
             + _md_table(table)
             + "\n\nKubernetes runs use a real control plane with simulated nodes, Slurm runs a real "
               "scheduler with its nodes on one CPU host: their levels are on their run pages. "
-              "Pin sets: every run so far used the seed stack (vLLM 0.24.0, DeepEP V2 at its "
-              "pinned commit, NCCL 2.30.4, `pins.yaml`); newer sets are not measured yet.\n")
+              + pin_sets_line(runs) + "\n")
+
+
+def pin_sets_line(runs: list[Run]) -> str:
+    from lib.roots import pins
+
+    used: dict[str, int] = {}
+    for run in runs:
+        used[run.pin_set] = used.get(run.pin_set, 0) + 1
+    levels = {name: (spec or {}).get("level", "") for name, spec in
+              (pins.load().get("sets") or {}).items()}
+    said = "; ".join(f"`{name}` ({levels.get(name, '')}): "
+                     + (f"{used[name]} committed runs" if name in used else "no run yet")
+                     for name in levels)
+    return f"Pin sets ([pin sets](pin_sets.md)): {said}."
 
 
 # Rendered and validated (kubernetes-validate, shellcheck) but not run here: build-only.

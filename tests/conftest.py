@@ -12,3 +12,21 @@ os.environ[STATE_DIR_ENV] = _TABLES  # papermill's kernels and every subprocess 
 
 def pytest_unconfigure(config):
     shutil.rmtree(_TABLES, ignore_errors=True)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def reference_book(tmp_path_factory):
+    """The real book, built once per session from every committed run with the reference run's
+    notebooks as the stages (tests/test_book.py and tests/test_book_browser.py read it; a build
+    is ~40 s here). Its html root."""
+    from lib.core.door import REPO_ROOT
+    from lib.publish.book import build
+
+    results = REPO_ROOT / "results"
+    reference = (results / "REFERENCE").read_text().strip()
+    out = tmp_path_factory.mktemp("book")
+    build(results / reference, out_root=out)
+    return out / "_build" / "html"

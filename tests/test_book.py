@@ -24,11 +24,9 @@ RUN_IDS = sorted(d.name for d in RESULTS.iterdir() if (d / "run.json").is_file()
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(reference_book):
     """The real book: every committed run, the reference run's notebooks as the stages."""
-    out = tmp_path_factory.mktemp("book")
-    book.build(RESULTS / REFERENCE, out_root=out)
-    return out / "_build" / "html"
+    return reference_book
 
 
 def text_of(html: Path) -> str:
@@ -239,3 +237,12 @@ def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest
         assert claim["claim"] in page and claim["date"] in page
     seed_runs = sum(r.pin_set == "seed-2026-07" for r in runs)
     assert f"`seed-2026-07` (served-e2e): {seed_runs} committed runs" in page
+
+
+def test_prose_citing_a_run_not_in_the_results_keeps_the_citation_as_text():
+    text = ("See [`kept-run`](../runs/kept-run.md), [`gone-run`](runs/gone-run.md) and "
+            "[a page](missing.md).")
+    out = book.unlink_absent_runs(text, {"kept-run"})
+    assert "[`kept-run`](../runs/kept-run.md)" in out
+    assert "`gone-run` (a run not in this book's results)" in out and "runs/gone-run" not in out
+    assert "[a page](missing.md)" in out  # any other link is left to fail the build (-W)

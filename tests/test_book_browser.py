@@ -237,15 +237,9 @@ def test_broken_internal_links_names_a_missing_page_and_a_missing_anchor(tmp_pat
 # ---- the book ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def book_html(tmp_path_factory):
-    """The book built from the reference run into a temporary folder: its html root."""
-    from lib.publish.book import build
-
-    out = tmp_path_factory.mktemp("book")
-    started = time.monotonic()
-    build(REPO_ROOT / "results" / REFERENCE, out_root=out)
-    print(f"book built from {REFERENCE} in {time.monotonic() - started:.1f} s")
-    return out / "_build" / "html"
+def book_html(reference_book):
+    """The book built from the reference run (tests/conftest.py, once a session): html root."""
+    return reference_book
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,7 @@ def test_a_planted_secret_reaches_no_evidence_notebook_or_book(recorded, tmp_pat
     assert (html / "index.html").exists()
     stage_page = (html / "notebooks" / "00_cluster.html").read_text()
     assert "Verification level" in stage_page and "measured here end-to-end" in stage_page
-    assert "first" in (html / "book" / "run.html").read_text()  # the run the book shows
+    assert "first" in (html / "book" / "runs" / "first.html").read_text()  # the run it shows
 
 
 def test_engine_vllm_on_a_cpu_machine_is_refused_in_the_first_cell(tmp_path):

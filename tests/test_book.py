@@ -246,3 +246,17 @@ def test_prose_citing_a_run_not_in_the_results_keeps_the_citation_as_text():
     assert "[`kept-run`](../runs/kept-run.md)" in out
     assert "`gone-run` (a run not in this book's results)" in out and "runs/gone-run" not in out
     assert "[a page](missing.md)" in out  # any other link is left to fail the build (-W)
+
+
+def test_the_pin_sets_page_shows_every_set_and_the_one_gpu_diagnostic_from_its_evidence(tmp_path):
+    from lib.roots import pins
+
+    page = pages.pin_sets_table(RESULTS)
+    for row in pins.set_overview():
+        assert f"| {row['set']} | {row['level']} |" in page
+    compare = json.loads((RESULTS / "diagnostics" / pages.CURRENT_SET_DIAGNOSTIC
+                          / "compare.json").read_text())
+    for arm, pair in compare["0.26.0 against 0.24.0"].items():
+        assert f"| {arm} | {pair['tokens_same']} of {pair['positions']} |" in page
+    # without the diagnostic's evidence: not measured, saying where it would be
+    assert "not measured: `results/diagnostics/" in pages.pin_sets_table(tmp_path)

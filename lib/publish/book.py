@@ -61,7 +61,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     write("history.md", pages.history_page(runs))
     write("parameters.md", pages.parameters_page())
     write("pin_sets.md", (book / "pin_sets.md").read_text(encoding="utf-8")
-          + pages.pin_sets_table())
+          + pages.pin_sets_table(results))
     (book / "runs").mkdir()
     for run in runs:
         write(f"runs/{run.run_id}.md", pages.run_page(run, published.run_id))

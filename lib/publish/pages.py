@@ -375,11 +375,37 @@ def pin_set_said(run: Run) -> str:
     return said
 
 
-def pin_sets_table() -> str:
-    """Appended to book/pin_sets.md: every set's main roots, from pins.yaml."""
+# A single-GPU diagnostic of the `current` set (results/diagnostics/<name>/compare.json): the
+# same seeded model and prompts served by vLLM 0.26.0 and 0.24.0 on one H200.
+CURRENT_SET_DIAGNOSTIC = "vllm-0.26.0-1xh200-20261201"
+
+
+def pin_sets_table(results: Path) -> str:
+    """Appended to book/pin_sets.md: every set's main roots, from pins.yaml, and what one GPU
+    showed of the `current` set, from its diagnostic's evidence."""
     from lib.roots import pins
 
-    return "\n## Every set, from pins.yaml\n\n" + _md_table(pd.DataFrame(pins.set_overview()))
+    out = ["\n## Every set, from pins.yaml\n", _md_table(pd.DataFrame(pins.set_overview()))]
+    out.append("\n## What one H200 showed of `current`\n")
+    folder = Path(results) / "diagnostics" / CURRENT_SET_DIAGNOSTIC
+    compare = folder / "compare.json"
+    if not compare.exists():
+        out.append(f"{NOT_MEASURED}: `results/diagnostics/{CURRENT_SET_DIAGNOSTIC}/` is not in "
+                   "this book's results.\n")
+        return "\n".join(out)
+    pairs = evidence.read_json(compare)["0.26.0 against 0.24.0"]
+    rows = [{"arm, how asked": arm, "tokens the same": f"{p['tokens_same']} of {p['positions']}",
+             "prompts that agree (lib.measure.agreement)":
+                 f"{p['agreement']['prompts_agree']} of {p['agreement']['prompts']}",
+             "largest logprob difference (nats)": p["max_diff_nats"]}
+            for arm, p in pairs.items()]
+    out.append(f"vLLM 0.26.0 against 0.24.0, the guide's seeded model on one H200, the same 8 "
+               f"fixed greedy prompts; {END_TO_END} (a diagnostic, not a guide run: "
+               f"`results/diagnostics/{CURRENT_SET_DIAGNOSTIC}/`, its README and SHA256SUMS). One "
+               "GPU: no expert parallelism and no all-to-all backend in play, so deepep_v2 with "
+               "CUDA graphs on this set is not measured yet (it needs two GPUs).\n")
+    out.append(_md_table(pd.DataFrame(rows)))
+    return "\n".join(out)
 
 
 def demote_headings(markdown: str) -> str:

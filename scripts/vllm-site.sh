@@ -33,6 +33,8 @@ rm -f "$dest/vllm-site.tar.xz" "$dest/.unpacked.txt"
 # A vLLM site gets this project's pinned vLLM patches (pins.yaml, kind patch, applies_to vllm),
 # recorded in the site (lib/site_patches.py) and, from there, in each run's run.json.
 if compgen -G "$dest/$top/vllm-*.dist-info" > /dev/null; then
-  (cd "$(dirname "$0")/.." && python3 -m lib.engines.site_patches apply "$dest/$top" vllm)
+  # PIN_SET names the pin set the site is (pins.yaml `sets:`; unset: the base set)
+  (cd "$(dirname "$0")/.." && python3 -m lib.engines.site_patches apply "$dest/$top" vllm \
+      ${PIN_SET:+--pin-set "$PIN_SET"})
 fi
 echo "vllm-site.sh: $dest/$top ready (sha256 $want)"

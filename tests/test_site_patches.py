@@ -162,3 +162,24 @@ def test_a_site_unpacked_again_over_its_patched_self_is_patched_again(site):
     assert site_patches.apply(site, "vllm") == first
     assert (site / target).read_text() == after
     assert site_patches.applied_on(str(site))[0]["patches"][0]["unchanged"] is True
+
+
+def test_a_site_of_another_pin_set_takes_that_set_s_package_and_patches(tmp_path):
+    """The `current` set's vLLM 0.26.0 site gets the patch pinned for that set; a set whose
+    pin drops the patch (the newest releases carry the fix) patches nothing; the base set's
+    0.24.0 is refused on a 0.26.0 site, naming the version."""
+    target, before, after = images(PATCH.read_text())
+    data = pins.load()
+    current = pins.select(data, "current")["pins"]
+    version = current["vllm"]["version"]
+    root = tmp_path / "site"
+    (root / f"vllm-{version}.dist-info").mkdir(parents=True)
+    (root / target).parent.mkdir(parents=True)
+    (root / target).write_text(before)
+    with pytest.raises(SitePatchError, match="apply to vllm 0.24.0 only"):
+        site_patches.apply(root, "vllm")
+    record = site_patches.apply(root, "vllm", pin_set="current")
+    assert [p["pin"] for p in record["patches"]] == [PIN] and record["version"] == version
+    assert (root / target).read_text() == after
+    assert site_patches.patch_pins("vllm", pin_set="newest-2026-12") == []
+    assert site_patches.main(["apply", str(root), "vllm", "--pin-set", "current"]) == 0

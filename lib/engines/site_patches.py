@@ -30,9 +30,16 @@ RECORD = ".guide-patches.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def patch_pins(package_pin: str, data: dict | None = None) -> list[tuple[str, dict]]:
-    """(name, pin) of this project's own patches to the pin `package_pin`, in their order."""
+def pins_of(data: dict | None, pin_set: str | None) -> dict:
+    """pins.yaml checked, as the set `pin_set` has it (None: the file's own pins, the base set)."""
     data = pins_mod.check(data if data is not None else pins_mod.load())
+    return pins_mod.select(data, pin_set) if pin_set else data
+
+
+def patch_pins(package_pin: str, data: dict | None = None,
+               pin_set: str | None = None) -> list[tuple[str, dict]]:
+    """(name, pin) of this project's own patches to the pin `package_pin`, in their order."""
+    data = pins_of(data, pin_set)
     if package_pin not in data["pins"]:
         known = sorted(n for n, p in pins_mod.items(data) if p.get("kind") == "pypi")
         raise SitePatchError(f"package pin {package_pin!r} is not in pins.yaml; pypi pins: "
@@ -58,10 +65,11 @@ def sha256_file(path: Path) -> str:
 
 
 def apply(site: Path, package_pin: str, *, data: dict | None = None,
-          repo_root: Path = REPO_ROOT) -> dict:
-    """Applies the package's patch pins to `site`; returns the record written there."""
+          repo_root: Path = REPO_ROOT, pin_set: str | None = None) -> dict:
+    """Applies the package's patch pins (of the pin set `pin_set`, default the base set) to
+    `site`; returns the record written there."""
     site = Path(site)
-    data = pins_mod.check(data if data is not None else pins_mod.load())
+    data = pins_of(data, pin_set)
     package = data["pins"].get(package_pin, {})
     patches = patch_pins(package_pin, data)
     name, version = package.get("package"), str(package.get("version"))
@@ -145,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = sub.add_parser("apply", help="apply the pinned patches of a package to a site folder")
     cmd.add_argument("site", type=Path)
     cmd.add_argument("package_pin", help="the pypi pin the patches apply to, e.g. vllm")
+    cmd.add_argument("--pin-set", default=None,
+                     help="the pin set whose package and patches apply (default: the base set)")
     args = parser.parse_args(argv)
     try:
-        record = apply(args.site, args.package_pin)
+        record = apply(args.site, args.package_pin, pin_set=args.pin_set)
     except SitePatchError as exc:
         print(f"site_patches: {exc}", file=sys.stderr)
         return 1

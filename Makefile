@@ -30,8 +30,10 @@ $(AIPERF_VENV)/.installed: requirements-aiperf.txt
 venv: $(VENV)/.installed $(AIPERF_VENV)/.installed
 
 # The whole guide on the local context, into a new results/<run_id>/, then the book from it.
+# RUN=<run_id> resumes that run: stages with intact gates and hashes kept, the rest redone.
+# Ctrl-C (SIGINT to the group) or SIGTERM stops every process the guide started (lib.runner).
 run: venv
-	$(PY) -m lib.runner run --context local
+	$(PY) -m lib.runner run --context local $(if $(RUN),--run-id $(RUN))
 
 book: venv
 	@test -n "$(RUN)" || { echo "usage: make book RUN=<run_id> (a folder of results/)"; exit 2; }

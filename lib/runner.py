@@ -5,29 +5,81 @@
     python -m lib.runner reference RUN_ID   # store a run's executed notebooks in notebooks/
 
 A stage whose gates FAIL stops the stages that read its evidence (lib.stages.registry); the run
-goes on with the others, and the exit code is 1. A notebook that raises stops the run at once.
+goes on with the others, and the exit code is 1. A notebook that raises stops the run at once
+(exit 2). `-p results_dir DIR` puts the run under DIR (default results/).
+
+Interrupted (SIGINT, what Ctrl-C sends to the group; SIGTERM; SIGHUP) while a stage runs, the
+runner stops it, by PID and process group, and exits 128 + the signal (130, 143, 129):
+
+1. the stage's kernel (the ledger's owner, lib.core.reaper) gets SIGTERM: its running cell
+   raises StageInterrupted, so the stage stops its own servers and AIPerf through the door,
+   recorded, and papermill writes the notebook and ends (up to KERNEL_GRACE_S);
+2. then papermill's session and the kernel's, should they still run (TERM, then KILL);
+3. then every group of the stage's ledger still open (TERM, then KILL), and its ports must be
+   closed;
+4. `NN_stage/incomplete.json` says when, by which signal, what was stopped and what was left;
+   a killed writer's temporary file is removed; the run is sealed (as after a failed notebook).
+
+A papermill killed by a signal (its kernel then dies without its exit hook, and the reaper
+stops what it started) and a notebook that ends without gates are settled the same way.
+`--run-id` of an existing run resumes it: refused when its files changed since it was sealed
+or a stage of it still runs; stages with gates.json are kept (their hashes checked); an
+unfinished stage is kept as an attempt (`NN_stage.attempt-K/`, lib.core.stage
+`retire_attempt`) and runs again.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
 
 from lib import places
 from lib.core import evidence
-from lib.core.door import REPO_ROOT, redact_file
-from lib.core.errors import ParameterError
-from lib.core.stage import new_run_id
+from lib.core import reaper
+from lib.core.door import REPO_ROOT, attempt_of, read_transcript, redact_file
+from lib.core.errors import EvidenceError, ParameterError
+from lib.core.stage import (INCOMPLETE_NAME, new_run_id, retire_attempt, unfinished_attempt,
+                            unfinished_writes)
 from lib.stages import registry
 from lib.stages.registry import STAGES, check_run_request
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 RESULTS = REPO_ROOT / "results"
 NOTEBOOK_TIMEOUT_S = 1800
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long a stage's kernel has to stop what it started, once asked (its servers: SIGTERM, up
+# to the door's 10 s, SIGKILL, up to 30 s), before it is killed; papermill then ends by itself.
+KERNEL_GRACE_S = 60.0
+PAPERMILL_GRACE_S = 5.0
+# A papermill killed under its kernel: ipykernel's parent poller ends the kernel within ~1 s
+ORPHAN_KERNEL_S = 10.0
+# A reaper's stop of what its kernel left: SIGTERM, its grace, SIGKILL, the exits
+REAPER_WAIT_S = reaper.TERM_GRACE_S + reaper.KILLED_EXIT_S + 5.0
+
+
+try:  # Linux's prctl, for papermill's PR_SET_PDEATHSIG (loaded here: never after a fork)
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_runner() -> None:
+    """In papermill's process, before it runs: SIGTERM when the runner dies, by SIGKILL too
+    (which the runner cannot handle), so papermill never outlives it; its kernel then ends
+    (ipykernel's parent poller) and the kernel's reaper stops what the stage started."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def papermill_argv(stage: str, run_dir: Path, params: dict[str, str]) -> list[str]:
@@ -78,53 +130,406 @@ def changed_since_sealed(run_dir: Path, stage: str) -> list[str]:
     return [p for p in evidence.verify(run_dir) if p.startswith(f"{stage}/")]
 
 
+def results_root(extra: dict[str, str]) -> Path:
+    """Where the run lives: `-p results_dir` as the stages resolve it, else RESULTS."""
+    given = extra.get("results_dir")
+    if not given:
+        return RESULTS
+    root = Path(given)
+    return (root if root.is_absolute() else REPO_ROOT / root).resolve()
+
+
+def say(text: str) -> None:
+    """A progress line; a terminal that went away (SIGHUP) does not stop a stop."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+class Interrupted(BaseException):
+    """The runner received SIGINT, SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP while the stages run. The first one raises Interrupted at once
+    only while the runner waits for papermill; anywhere else (moving an attempt, sealing,
+    stopping) it is raised at the next `check`, so no such step is cut short. A later one (a
+    second Ctrl-C while stopping) is noted, never raised. The handlers are restored on exit
+    (the runner may run inside pytest); outside the main thread, signals are left alone."""
+
+    def __init__(self):
+        self.got: list[int] = []
+        self.raised = False
+        self._waiting = False
+        self._saved: dict = {}
+
+    def __enter__(self) -> "Signals":
+        if threading.current_thread() is threading.main_thread():
+            self._saved = {sig: signal.signal(sig, self._handler) for sig in INTERRUPTS}
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        return False
+
+    def _handler(self, signum, _frame) -> None:
+        self.got.append(signum)
+        if len(self.got) > 1:
+            say(f"{signal.Signals(signum).name} again: still stopping what the stage started")
+        elif self._waiting:
+            self.raised = True
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        if self.got and not self.raised:
+            self.raised = True
+            raise Interrupted(self.got[0])
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        """proc.wait(), interruptible."""
+        self._waiting = True
+        try:
+            self.check()
+            return proc.wait()
+        finally:
+            self._waiting = False
+
+
+def resume_refused(run_dir: Path) -> str | None:
+    """Why an existing run cannot be resumed now, or None. Its files must be as sealed (an
+    unsealed run, whose runner was killed, is taken as it is), and no stage of it may still
+    run (a live kernel in its ledger)."""
+    if (run_dir / evidence.SUMS_NAME).exists():
+        changed = evidence.verify(run_dir)
+        if changed:
+            return (f"its files changed since the run was sealed ({', '.join(changed[:3])}"
+                    f"{', ...' if len(changed) > 3 else ''}): resume refused; start a new run")
+    ledger = reaper.Ledger(run_dir)
+    running = [o for o in ledger.owners() if o["pid"] != os.getpid()]
+    if running:
+        named = ", ".join(f"the runner (pid {o['pid']})" if o["stage"] == "_runner" else
+                          f"{o['stage']} (kernel pid {o['pid']})" for o in running)
+        return (f"it is still running: {named}; stop it first (kill -TERM <pid>: a runner or "
+                "a stage stops what it started) or wait for it")
+    return None
+
+
+def settle_leftovers(run_dir: Path) -> list[dict]:
+    """Groups of the run's ledger still open whose owner is gone (its reaper died too, or the
+    runner was killed before it could stop them): stopped now."""
+    ledger = reaper.Ledger(run_dir)
+    alive = {(o["pid"], o.get("start")) for o in ledger.owners()}
+    left = [g for g in ledger.open_groups() if (g.get("owner"), g.get("owner_start")) not in alive]
+    if not left:
+        return []
+    say(f"stopping {len(left)} process group(s) an earlier attempt left running: "
+        + ", ".join(f"{g['argv0']} (pgid {g['pgid']}, {g['stage']})" for g in left))
+    return reaper.stop_groups(ledger, left, by="runner")
+
+
+class Attempt:
+    """The stage papermill is running now, and what stops it."""
+
+    def __init__(self, run_dir: Path, stage: str, proc: subprocess.Popen):
+        self.run_dir, self.stage, self.proc = run_dir, stage, proc
+        self.since = time.time()
+        self.number = attempt_of(read_transcript(run_dir / "transcript.jsonl"), stage)
+        self.ledger = reaper.Ledger(run_dir)
+
+    def kernels(self, alive_only: bool = True) -> list[dict]:
+        """This attempt's kernel(s): the ledger's owners of the stage, and papermill's children
+        (a kernel stopped before its stage opened is in no ledger)."""
+        found = [o for o in self.ledger.owners(self.stage, alive_only=alive_only)
+                 if o["t"] >= self.since - 1]
+        known = {o["pid"] for o in found}
+        for pid in _children(self.proc.pid):
+            if pid not in known:
+                found.append({"pid": pid, "start": reaper.start_ticks(pid), "stage": self.stage})
+        return found
+
+    def stop(self, ask_kernel: bool) -> dict:
+        """Stop the stage: its kernel asked first (when `ask_kernel`), then killed; papermill;
+        then what is left. A kernel not asked (its papermill was killed) ends by itself, and its
+        reaper stops what it started."""
+        kernels = self.kernels()
+        asked = []
+        for k in kernels:
+            if ask_kernel and reaper.is_alive(k["pid"], k.get("start")):
+                try:
+                    os.kill(k["pid"], signal.SIGTERM)
+                    asked.append(k["pid"])
+                except ProcessLookupError:
+                    pass
+        if asked:
+            say(f"[{self.stage}] asked its kernel (pid {', '.join(map(str, asked))}) to stop "
+                f"what it started; waiting up to {KERNEL_GRACE_S:.0f} s")
+        wait_for(lambda: self.proc.poll() is not None, KERNEL_GRACE_S if asked else 0)
+        pm_signals = reaper.stop_pid_group(self.proc.pid, reaper.start_ticks(self.proc.pid),
+                                           grace_s=PAPERMILL_GRACE_S) \
+            if self.proc.poll() is None else []
+        self.proc.wait()
+        # a kernel whose papermill is gone ends by itself (ipykernel's parent poller): else now
+        wait_for(lambda: not any(reaper.is_alive(k["pid"], k.get("start")) for k in kernels),
+                 ORPHAN_KERNEL_S)
+        kernel_signals = {k["pid"]: reaper.stop_pid_group(k["pid"], k.get("start"),
+                                                          grace_s=PAPERMILL_GRACE_S)
+                          for k in kernels}
+        # a kernel that died without its exit hook: its reaper stops what it left; the runner
+        # stops only what is left after (a reaper killed too, a group it could not stop)
+        owners = {(k["pid"], k.get("start")) for k in self.kernels(alive_only=False)}
+        reapers = [e for e in self.ledger.events() if e["event"] == "reaper"
+                   and (e.get("owner"), e.get("owner_start")) in owners]
+        if any(reaper.is_alive(r["pid"], r.get("start")) for r in reapers):
+            say(f"[{self.stage}] its kernel is gone; its reaper is stopping what it left")
+        wait_for(lambda: not any(reaper.is_alive(r["pid"], r.get("start")) for r in reapers),
+                 REAPER_WAIT_S)
+        left = [g for g in self.ledger.open_groups(stage=self.stage) if g["t"] >= self.since - 1]
+        stopped = reaper.stop_groups(self.ledger, left, by="runner") if left else []
+        return {"asked_kernel": asked, "papermill_signals": pm_signals,
+                "kernel_signals": {str(k): v for k, v in kernel_signals.items() if v},
+                "stopped_now": stopped}
+
+    def incomplete(self, how: str, signum: int | None, stop: dict) -> dict:
+        """What incomplete.json says: when, how, by which signal; each process group the
+        attempt's doors started and how it ended (its stage's own stop through the door, the
+        reaper, the runner), with what was left of it; its ports, each checked closed."""
+        events = [e for e in self.ledger.events() if e.get("t", 0) >= self.since - 1
+                  and e.get("stage") == self.stage]
+        groups = []
+        for e in (e for e in events if e["event"] == "started"):
+            key = (e["pgid"], e.get("start"))
+            ended = [x for x in self.ledger.events() if (x.get("pgid"), x.get("start")) == key
+                     and x["event"] in ("ended", "stopped")]
+            stopped = [x for x in ended if x["event"] == "stopped"]
+            groups.append({
+                "pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
+                "ended": (f"stopped by the {stopped[0]['by']}" if stopped else
+                          "ended through its stage (the door)" if ended else "not seen to end"),
+                "signals": [sig for x in stopped for sig in x.get("signals") or []],
+                "left": reaper.group_alive(e["pgid"]) if still_ours(e) else []})
+        ports = sorted({e["port"] for e in events if e["event"] == "port"})
+        notebook = self.run_dir / "notebooks" / f"{self.stage}.ipynb"
+        try:
+            json.loads(notebook.read_text(encoding="utf-8"))
+            notebook_ok = True
+        except (OSError, ValueError):
+            notebook_ok = False
+        return {
+            "stage": self.stage, "attempt": self.number,
+            "stopped_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "how": how, "signal": signal.Signals(signum).name if signum else None,
+            "papermill": {"exit_code": self.proc.returncode,
+                          "signals": stop.get("papermill_signals", [])},
+            "kernel": {"asked_to_stop": bool(stop.get("asked_kernel")),
+                       "signals": sorted({s for v in stop.get("kernel_signals", {}).values()
+                                          for s in v})},
+            "process_groups": groups,
+            "left_running": sorted({p for g in groups for p in g["left"]}),
+            "ports": [{"port": p, "listening": reaper.port_open(p)} for p in ports],
+            "notebook": {"path": f"notebooks/{self.stage}.ipynb", "exists": notebook.exists(),
+                         "valid_json": notebook_ok},
+        }
+
+    def settle(self, how: str, signum: int | None, ask_kernel: bool) -> dict:
+        """Stop what is left, then write NN_stage/incomplete.json (evidence, under the seal)."""
+        stop = self.stop(ask_kernel)
+        record = self.incomplete(how, signum, stop)
+        removed = [str(p.relative_to(self.run_dir)) for p in unfinished_writes(self.run_dir)]
+        for rel in removed:  # a killed writer's temporary file: never evidence
+            (self.run_dir / rel).unlink(missing_ok=True)
+        record["removed_unfinished_writes"] = removed
+        if (self.run_dir / self.stage / "gates.json").exists():
+            return record  # its gates were written before it stopped: the stage is complete
+        try:
+            evidence.write_json_new(self.run_dir / self.stage / INCOMPLETE_NAME, record)
+        except EvidenceError:  # written already (a stage cannot write it: only the runner)
+            pass
+        bad_ports = [p["port"] for p in record["ports"] if p["listening"]]
+        say(f"[{self.stage}] stopped: {len(record['process_groups'])} process group(s) "
+            f"it started, {len(record['left_running'])} process(es) left, ports "
+            + (f"still listening: {bad_ports}" if bad_ports else "closed")
+            + f"; marked incomplete: {self.stage}/{INCOMPLETE_NAME}")
+        return record
+
+
+def still_ours(started: dict) -> bool:
+    return reaper.still_ours(started["pgid"], started.get("start"))
+
+
+def _children(pid: int) -> list[int]:
+    """A process's children (papermill's: its kernel), read from /proc."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
+                found += [int(p) for p in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def found_in_ledger(run_dir: Path, stage: str) -> dict:
+    """What the ledger says of a stage's last attempt that no runner saw end (for the
+    incomplete.json written when it is kept): its process groups, how each ended, its ports."""
+    ledger = reaper.Ledger(run_dir)
+    events = ledger.events()
+    opened = [e["t"] for e in events if e["event"] == "owner" and e.get("stage") == stage]
+    if not opened:
+        return {}
+    mine = [e for e in events if e.get("t", 0) >= opened[-1] and e.get("stage") == stage]
+    groups = []
+    for e in (e for e in mine if e["event"] == "started"):
+        ends = [x for x in events if (x.get("pgid"), x.get("start")) == (e["pgid"], e.get("start"))
+                and x["event"] in ("ended", "stopped")]
+        by = [x.get("by") for x in ends if x["event"] == "stopped"]
+        groups.append({"pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
+                       "ended": (f"stopped by the {by[0]}" if by else "ended through its "
+                                 "stage (the door)" if ends else "not seen to end"),
+                       "left": reaper.group_alive(e["pgid"]) if still_ours(e) else []})
+    ports = sorted({e["port"] for e in mine if e["event"] == "port"})
+    return {"process_groups": groups,
+            "ports": [{"port": p, "listening": reaper.port_open(p)} for p in ports]}
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def run_guide(context: str, run_id: str | None, extra: dict[str, str],
               stages: list[str] | None = None) -> tuple[Path, int]:
-    run_id = run_id or new_run_id(RESULTS, context)
-    run_dir = RESULTS / run_id
+    root = results_root(extra)
+    run_id = run_id or new_run_id(root, context)
+    run_dir = root / run_id
+    if run_dir.exists():
+        refused = resume_refused(run_dir)
+        if refused:
+            print(f"run {run_id}: {refused}", flush=True)
+            return run_dir, 2
+        settle_leftovers(run_dir)
     (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    reaper.Ledger(run_dir).owner("_runner")  # a second runner on this run refuses to resume it
     params = {"context": context, "run_id": run_id, **extra}
-    print(f"run {run_id} · context {context} · evidence in results/{run_id}/", flush=True)
+    print(f"run {run_id} · context {context} · evidence in {_shown(run_dir)}/", flush=True)
+    now: list[Attempt] = []
+    with Signals() as signals:
+        try:
+            rc = _run_stages(run_dir, context, extra, params, stages or STAGES, now, signals)
+            if rc in (0, 1):
+                evidence.seal(run_dir)
+            signals.check()  # a signal after the last stage: the run is sealed, no book
+        except Interrupted as stop:
+            return run_dir, _interrupted(run_dir, now, stop.signum)
+    return run_dir, rc
+
+
+def _shown(run_dir: Path) -> str:
+    try:
+        return str(run_dir.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(run_dir)
+
+
+def _interrupted(run_dir: Path, now: list, signum: int) -> int:
+    """The runner was signalled: stop the stage running (if any), mark it, seal, 128 + signal.
+    Further signals are noted, never raised (Signals): the stop is not cut short."""
+    name = signal.Signals(signum).name
+    say(f"{name}: stopping the run")
+    if now:
+        attempt = now[-1]
+        attempt.settle(f"the runner received {name}", signum, ask_kernel=True)
+        redact_file(run_dir / "notebooks" / f"{attempt.stage}.papermill.log", run_dir=run_dir)
+    settle_leftovers(run_dir)
+    evidence.seal(run_dir)
+    say(f"run {run_dir.name} interrupted by {name}: resume it with "
+        f"`make run RUN={run_dir.name}` (python -m lib.runner run --run-id {run_dir.name})")
+    return 128 + signum
+
+
+def _run_stages(run_dir: Path, context: str, extra: dict[str, str], params: dict[str, str],
+                stages: list[str], now: list, signals: Signals) -> int:
+    run_id = run_dir.name
     rc = 0
-    for stage in stages or STAGES:
+    for stage in stages:
+        signals.check()
         if evidence.read_gates(run_dir / stage) is not None:
             changed = changed_since_sealed(run_dir, stage)
             if changed:
                 print(f"[{stage}] recorded, but its files changed since the run was sealed "
                       f"({', '.join(changed[:3])}): resume refused; start a new run", flush=True)
-                return run_dir, 2
-            print(f"[{stage}] already recorded in this run, hashes match: kept as is", flush=True)
+                return 2
+            sealed = (run_dir / evidence.SUMS_NAME).exists()
+            print(f"[{stage}] already recorded in this run, "
+                  + ("hashes match: kept as is" if sealed else
+                     "never sealed (its runner was killed): kept as found"), flush=True)
             continue
         blocked = blocked_by(stage, run_dir, context, extra)
         if blocked:
             print(f"[{stage}] not run: {', '.join(blocked)} FAILED", flush=True)
             rc = 1
             continue
+        if unfinished_attempt(run_dir, stage):
+            kept = retire_attempt(run_dir, stage, found_in_ledger(run_dir, stage))
+            print(f"[{stage}] its attempt {kept['attempt']} ended without gates: kept as "
+                  f"{kept['key']} ({kept['incomplete']}); running the stage again", flush=True)
+        signals.check()  # nothing started yet: a signal that came meanwhile stops here
         print(f"[{stage}] running ...", flush=True)
         started = time.monotonic()
         log = run_dir / "notebooks" / f"{stage}.papermill.log"
-        with open(log, "w", encoding="utf-8") as out:  # papermill's own chatter, kept whole
-            done = subprocess.run(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
-                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        redact_file(log, run_dir=run_dir)
+        with open(log, "x", encoding="utf-8") as out:  # papermill's own chatter, kept whole
+            # its own session: a terminal's Ctrl-C reaches the runner alone, which stops the
+            # stage in order (its kernel sits in a session of its own too: jupyter_client)
+            proc = subprocess.Popen(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with_the_runner)
+            now.append(Attempt(run_dir, stage, proc))
+            returncode = signals.wait(proc)
         gates = evidence.read_gates(run_dir / stage)
         took = time.monotonic() - started
-        if done.returncode != 0 or gates is None:
+        if returncode != 0 or gates is None:
+            killed = -returncode if returncode < 0 else None
+            how = (f"papermill was killed by {signal.Signals(killed).name}" if killed else
+                   f"the notebook ended without gates.json (papermill exit {returncode})")
+            # its kernel first (a killed papermill's kernel may still write into the log)
+            now[-1].settle(how, killed, ask_kernel=False)
+            now.clear()
+            redact_file(log, run_dir=run_dir)
             tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-25:])
-            print(f"[{stage}] the notebook failed (papermill rc {done.returncode}) after "
-                  f"{took:.0f} s: see results/{run_id}/notebooks/{stage}.ipynb\n{tail}",
-                  flush=True)
+            print(f"[{stage}] the notebook failed ({how}) after {took:.0f} s: see "
+                  f"{_shown(run_dir)}/notebooks/{stage}.ipynb\n{tail}", flush=True)
+            settle_leftovers(run_dir)
             evidence.seal(run_dir)
-            return run_dir, 2
+            if killed:
+                print(f"run {run_id}: resume it with `make run RUN={run_id}` (python -m "
+                      f"lib.runner run --run-id {run_id})", flush=True)
+            return 128 + killed if killed else 2
+        redact_file(log, run_dir=run_dir)
+        now.clear()
+        left = settle_leftovers(run_dir)  # a stage that leaked a process: stopped, said
         counts = evidence.summarize_gates(gates)
         print(f"[{stage}] {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "
-              f"in {took:.0f} s", flush=True)
+              f"in {took:.0f} s" + (f"; {len(left)} process group(s) it left were stopped"
+                                    if left else ""), flush=True)
         for g in gates:
             if g["status"] == "FAIL":
                 print(f"    FAIL {g['gate']}: {g['reason']}", flush=True)
                 rc = 1
-    evidence.seal(run_dir)
-    return run_dir, rc
+    return rc
 
 
 def store_reference(run_id: str) -> None:
@@ -147,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the seven stages, seal the run, build the book")
     run.add_argument("--context", default="local")
-    run.add_argument("--run-id", default=None)
+    run.add_argument("--run-id", default=None,
+                     help="an existing run resumes: its intact stages kept, the rest redone")
     run.add_argument("--stages", default=None, help="comma-separated subset, e.g. 00_cluster")
     run.add_argument("--no-book", action="store_true")
     run.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
@@ -167,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m lib.runner run: {err}", file=sys.stderr)
             return 2
         run_dir, rc = run_guide(args.context, args.run_id, dict(args.p), stages)
+        if rc >= 128:  # interrupted: stopped, marked and sealed; no book
+            return rc
         if not args.no_book:
             book_mod.build(run_dir)
         print(f"run {run_dir.name}: {'PASS' if rc == 0 else 'FAIL'} (exit {rc})", flush=True)

@@ -16,6 +16,18 @@ and raises ReplayMismatch naming the call when the code asks for something else.
 
 Paths inside the run directory and the repository are recorded as ``{run}`` and ``{repo}`` so a
 run recorded in one checkout replays in another.
+
+Every process the door starts leads a process group of its own (a server: its own session) and
+is written into the run's ledger (lib/core/reaper.py), whose reaper stops it should the kernel
+die without stopping it. A call interrupted (the stage's stop on SIGTERM, a KeyboardInterrupt)
+stops its process's group before the interruption goes on, and is recorded as interrupted.
+
+Attempts: a stage interrupted before its gates were written is kept, when the run is resumed, as
+an attempt of its own (`NN_stage.attempt-K/`, lib.core.stage `retire_attempt`), and the
+transcript gets a `retired` entry for it. Entries of a stage's attempt K > 1 carry
+`"attempt": K`; entries without it are attempt 1 (every transcript recorded before attempts).
+A door records and replays the attempt after the last retired one: a replay follows the attempt
+that completed.
 """
 from __future__ import annotations
 
@@ -27,6 +39,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +51,7 @@ from typing import Any
 import sh
 
 from lib.core import identities as naming
+from lib.core import reaper as reaping
 from lib.core import redact as redaction
 from lib.core.errors import CommandError, DoorError, PlanOnly, ReplayMismatch  # noqa: F401
 
@@ -53,6 +67,10 @@ _LOWEST_PICKED_PORT = 10000  # above the well-known and most registered service 
 # A file of the run an argv names is handed to the process as a revealed copy when its text holds
 # a pseudonym (a manifest, a script: small); a larger one (a log, a model) is passed as it is.
 REVEAL_MAX_BYTES = 16 * 2 ** 20
+# The transcript entry that closes an attempt of a stage (lib.core.stage `retire_attempt`)
+RETIRED = "retired"
+# The signals a stage's stop is asked with; held back while the door stops a process
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -104,6 +122,8 @@ class Background:
     # leader's children miss). None before a stop, and when a transcript older than the field
     # is replayed.
     group_left: list[int] | None = None
+    # its leader's start (clock ticks since boot): the ledger's name for its group (record only)
+    _ticks: int | None = field(default=None, repr=False)
 
 
 class Door:
@@ -128,11 +148,15 @@ class Door:
         self._secrets: list[str] = []
         self._private: Path | None = None  # revealed copies of files an argv names (0700)
         self._held: dict[int, list[Path]] = {}  # a background process's copies, until its stop
+        # the processes it starts, for the reaper and the runner (never in replay: none start)
+        self.ledger = None if replay else reaping.Ledger(self.run_dir)
+        entries = read_transcript(self.transcript_path)
+        self.attempt = attempt_of(entries, stage)
+        mine = [e for e in entries if e["stage"] == stage and in_attempt(e, self.attempt)]
         if replay:
-            self._script = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
+            self._script = mine
         else:
-            done = [e for e in read_transcript(self.transcript_path) if e["stage"] == stage]
-            self._seq = len(done)
+            self._seq = len(mine)
 
     # ---- path normalisation: recorded text names {run} and {repo}, never this checkout -------
     def norm(self, text: str) -> str:
@@ -265,6 +289,8 @@ class Door:
 
     def _record(self, kind: str, key: Any, **fields: Any) -> dict:
         entry = {"stage": self.stage, "seq": self._seq, "kind": kind, "key": key, **fields}
+        if self.attempt > 1:
+            entry["attempt"] = self.attempt
         self._seq += 1
         self.transcript_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.transcript_path, "a", encoding="utf-8") as fh:
@@ -338,10 +364,29 @@ class Door:
             )
         else:
             copies: list[Path] = []
+            running: dict[str, Any] = {}
             try:
                 rc, out, err, duration, timed_out = _execute(
                     self._reveal_argv(argv, cwd, copies), timeout, self._reveal(cwd),
-                    self._reveal_env(env), self._reveal(input))
+                    self._reveal_env(env), self._reveal(input), started=running,
+                    ledger=self.ledger, stage=self.stage)
+            except BaseException as stopped:  # interrupted: its group first, then the record
+                if "proc" not in running:
+                    raise
+                with deferred_signals():
+                    rc, out, err, duration, left = _abandon(running)
+                    self._drop(copies)
+                    seq = self._seq
+                    out, err = self._clean(out), self._clean(err)
+                    self._record(
+                        "run", key, cwd=self._clean(str(cwd)) if cwd else None,
+                        env=self._clean_env(env), timeout_s=timeout, rc=rc,
+                        duration_s=round(duration, 6), timed_out=False,
+                        interrupted=type(stopped).__name__, group_left=left,
+                        stdout=self._write_stream(seq, "stdout", out),
+                        stderr=self._write_stream(seq, "stderr", err),
+                    )
+                raise
             finally:
                 self._drop(copies)
             seq = self._seq
@@ -377,7 +422,9 @@ class Door:
         seq = self._seq
         copies: list[Path] = []
         started = self._reveal_argv(argv, cwd, copies)
+        ticks = None
         try:
+            reaping.ensure_reaper(self.ledger)  # before the process: it is never unwatched
             running = sh.Command(started[0])(
                 *started[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
                 _cwd=str(self._reveal(str(cwd))) if cwd else None,
@@ -385,6 +432,7 @@ class Door:
                 _ok_code=ALL_EXIT_CODES,
             )
             pid, error = running.pid, None
+            ticks = self.ledger.started(pid, started, self.stage, "start")["start"]
             self._held[seq] = copies  # the process may read them while it runs: kept to its stop
         except sh.CommandNotFound as exc:
             self._drop(copies)
@@ -396,7 +444,7 @@ class Door:
         )
         if error:
             raise DoorError(error)
-        return Background(key, pid, log_path, seq, running, env=recorded_env)
+        return Background(key, pid, log_path, seq, running, env=recorded_env, _ticks=ticks)
 
     def poll(self, proc: Background) -> int | None:
         """The exit code of a background process, or None while it runs."""
@@ -417,12 +465,15 @@ class Door:
             proc.group_left = entry.get("group_left")
             return entry["rc"]
         rc, killed, left = None, False, []
-        if proc._running is not None:
-            rc, killed, left = _terminate(proc, timeout)
-        proc.group_left = left
-        self._drop(self._held.pop(proc.seq, []))
-        self.clean_file(proc.log_path)
-        self._record("stop", key, rc=rc, killed=killed, group_left=left)
+        with deferred_signals():  # a stop asked meanwhile waits until this one is recorded
+            if proc._running is not None:
+                rc, killed, left = _terminate(proc, timeout)
+                if not left:
+                    self.ledger.ended(proc.pid, proc._ticks)
+            proc.group_left = left
+            self._drop(self._held.pop(proc.seq, []))
+            self.clean_file(proc.log_path)
+            self._record("stop", key, rc=rc, killed=killed, group_left=left)
         return rc
 
     def plan(self, argv: list[str], *, note: str = "") -> None:
@@ -499,6 +550,7 @@ class Door:
             return self._next("port", "free")["value"]
         port = _port_below_ephemeral_range()
         self._record("port", "free", value=port)
+        self.ledger.port(port, self.stage)  # checked closed should the stage be interrupted
         return port
 
     def port_listening(self, port: int) -> bool:
@@ -610,13 +662,34 @@ def _full_env(env: dict[str, str] | None) -> dict[str, str]:
     return full
 
 
-def _execute(argv, timeout, cwd, env, input):
+def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
+             ledger: reaping.Ledger | None = None, stage: str = ""):
+    """Run argv to its end, in a process group of its own (written into `ledger`, so that the
+    reaper stops it should this process die meanwhile). `started` gets the running command
+    ("proc"), its start ("t0") and its start ticks ("ticks"): an interruption stops it from there
+    (`_abandon`)."""
     start = time.monotonic()
+    started = {} if started is None else started
     try:
-        running = sh.Command(argv[0])(
+        command = sh.Command(argv[0])
+        if ledger is not None:
+            reaping.ensure_reaper(ledger)
+        running = command(
             *argv[1:], _cwd=str(cwd) if cwd else None, _env=_full_env(env), _timeout=timeout,
             _ok_code=ALL_EXIT_CODES, _in=input, _return_cmd=True, _tty_out=False,
+            _bg=True, _bg_exc=False, _new_group=True,
         )
+        ticks = reaping.start_ticks(running.pid)
+        started.update(proc=running, t0=start, ticks=ticks, ledger=ledger, stage=stage,
+                       argv0=Path(str(argv[0])).name)
+        if ledger is not None:
+            ledger.started(running.pid, argv, stage, "run")
+        try:
+            running.wait()
+        finally:  # ended, timed out or killed: its group is done (an interruption: _abandon)
+            if ledger is not None and not running.process.is_alive()[0] and not _group_alive(
+                    running.pid):
+                ledger.ended(running.pid, ticks)
         rc, out, err, timed_out = running.exit_code, running.stdout, running.stderr, False
     except sh.TimeoutException as exc:
         rc, out, err, timed_out = 124, b"", f"timed out after {timeout} s: {exc}".encode(), True
@@ -624,8 +697,90 @@ def _execute(argv, timeout, cwd, env, input):
         rc, out, err, timed_out = 127, b"", f"command not found: {argv[0]}".encode(), False
     except sh.SignalException as exc:  # killed by a signal: keep what it printed
         rc, out, err, timed_out = exc.exit_code, exc.stdout, exc.stderr, False
-    decode = lambda b: b.decode("utf-8", errors="replace") if isinstance(b, bytes) else (b or "")
-    return rc, decode(out), decode(err), time.monotonic() - start, timed_out
+    return rc, _decode(out), _decode(err), time.monotonic() - start, timed_out
+
+
+def _decode(b) -> str:
+    return b.decode("utf-8", errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def _abandon(started: dict) -> tuple[int | None, str, str, float, list[int]]:
+    """An interrupted `run`: TERM its group, KILL what is left after the grace, reap it; its
+    exit code, what it printed so far, how long it ran, and what of its group is left."""
+    running, ledger = started["proc"], started.get("ledger")
+    group = {"pgid": running.pid, "start": started.get("ticks"),
+             "argv0": started.get("argv0", ""), "stage": started.get("stage", "")}
+    if ledger is not None:
+        left = reaping.stop_groups(ledger, [group], by="door")[0]["left"]
+    else:
+        reaping.stop_pid_group(running.pid, started.get("ticks"), grace_s=KILL_GRACE_S)
+        left = _group_alive(running.pid)
+    rc = None
+    if not running.process.is_alive()[0]:
+        try:
+            rc = running.process.wait()
+        except Exception:  # noqa: BLE001 - what it printed is kept whatever its end
+            rc = running.process.exit_code
+    out, err = running.process.stdout, running.process.stderr
+    if ledger is not None and not left:
+        ledger.ended(running.pid, started.get("ticks"))
+    return rc, _decode(out), _decode(err), time.monotonic() - started["t0"], left
+
+
+class deferred_signals:
+    """Hold SIGINT, SIGTERM and SIGHUP back while a process is being stopped and its stop
+    recorded, then act on the first that came as its handler would have (a stage's stop raises
+    there). In the main thread only (where Python runs its handlers); elsewhere a no-op."""
+
+    def __enter__(self):
+        self._saved, self._got = {}, []
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            try:
+                self._saved[sig] = signal.signal(sig, lambda n, _f: self._got.append(n))
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        if self._got:
+            sig = self._got[0]
+            handler = self._saved.get(sig)
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
+        return False
+
+
+def attempt_of(entries: list[dict], stage: str) -> int:
+    """The attempt of `stage` a door records or replays: the one after its last retired one."""
+    retired = [e.get("attempt", 1) for e in entries
+               if e.get("stage") == stage and e.get("kind") == RETIRED]
+    return max(retired, default=0) + 1
+
+
+def in_attempt(entry: dict, attempt: int) -> bool:
+    """A call of that attempt (a transcript entry without `attempt` is attempt 1)."""
+    return entry.get("kind") != RETIRED and entry.get("attempt", 1) == attempt
+
+
+def record_retired(run_dir: Path, stage: str, attempt: int, moved: dict[str, str],
+                   **fields: Any) -> dict:
+    """Append the entry that closes `attempt` of `stage` to the run's transcript: where its
+    files went (its entries name them where they were written: `moved` maps each old prefix to
+    the new one)."""
+    transcript = Path(run_dir) / "transcript.jsonl"
+    calls = [e for e in read_transcript(transcript)
+             if e.get("stage") == stage and in_attempt(e, attempt)]
+    entry = {"stage": stage, "seq": len(calls), "kind": RETIRED, "attempt": attempt,
+             "key": f"{stage}.attempt-{attempt}", "moved": moved, "calls": len(calls), **fields}
+    with open(transcript, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    return entry
 
 
 def _group_alive(pgid: int) -> list[int]:

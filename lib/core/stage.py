@@ -11,6 +11,17 @@ injected cell), validates them (ParameterError before any effect), then opens th
   then a private copy of it, so nothing is written into it; the door answers from its
   transcript; `finish` checks that the re-computed gates equal the recorded ones and that every
   recorded call was asked for.
+
+A stage stopped before its gates were written (interrupted, killed, or its notebook raised) is
+an **attempt**: when the run is resumed (lib.runner), `retire_attempt` keeps its files as
+`NN_stage.attempt-K/`, `calls/NN_stage.attempt-K/` and `notebooks/NN_stage.attempt-K.*`, with an
+`incomplete.json` saying how it ended, and the stage runs again into `NN_stage/`: the completed
+run has the shape of an uninterrupted one, plus its attempts, all under SHA256SUMS. The
+transcript keeps every attempt's calls (lib.core.door: `attempt`, `retired`).
+
+In a notebook's kernel, SIGTERM and SIGHUP stop the stage (`StageInterrupted`, a
+KeyboardInterrupt): the running cell unwinds, so its servers are stopped by the door and the
+stop recorded; an idle kernel exits through its exit hooks (the same stops).
 """
 from __future__ import annotations
 
@@ -18,14 +29,18 @@ import atexit
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from lib.core import evidence
 from lib.core.params import NO_LEGACY, Param
-from lib.core.door import REPO_ROOT, Door
+from lib.core.door import (REPO_ROOT, Door, attempt_of, in_attempt, read_transcript,
+                           record_retired)
 from lib.core.errors import EvidenceError, ReplayMismatch
 from lib.core.evidence import Gate
 
@@ -41,6 +56,36 @@ SHADOW_PREFIX = "repro-replay-"
 # it was recorded): the stages also glued values for the book that no page read (lib.core.glue
 # `glue_recorded`); their replays still show them. 2: not glued.
 OUTPUTS_VERSION = 2
+# A stage's attempt kept when its run is resumed: NN_stage.attempt-K (lib.core.door `attempt`)
+ATTEMPT_MARK = ".attempt-"
+INCOMPLETE_NAME = "incomplete.json"
+# The signals that stop a stage in its kernel (SIGINT stays ipykernel's: an interrupt)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class StageInterrupted(KeyboardInterrupt):
+    """Raised in a stage's kernel by SIGTERM or SIGHUP: the stage is being stopped (lib.runner
+    on SIGINT/SIGTERM/SIGHUP, or anyone's kill). A KeyboardInterrupt, so nothing that catches
+    Exception keeps the stage going; the door's stops hold it back until they are recorded."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stage stopped by {signal.Signals(signum).name}: the processes it "
+                         "started are stopped by PID and process group; its files are kept as "
+                         "an incomplete attempt")
+
+
+def _raise_stage_interrupted(signum, _frame):
+    raise StageInterrupted(signum)
+
+
+def stop_on_signals() -> bool:
+    """In a notebook's kernel (main thread), SIGTERM and SIGHUP raise StageInterrupted."""
+    if threading.current_thread() is not threading.main_thread() or "ipykernel" not in sys.modules:
+        return False
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise_stage_interrupted)
+    return True
 
 
 class Stage:
@@ -166,7 +211,8 @@ def open_record(name: str, resolved: dict[str, Any],
     if (run_dir / name).exists():
         raise EvidenceError(
             f"stage {name} is already recorded in run {run_id} ({run_dir / name}); a run "
-            "directory is append-only: run with a new run_id (run_id='' makes one)")
+            "directory is append-only: run with a new run_id (run_id='' makes one), or, if it "
+            f"was interrupted, resume the run: python -m lib.runner run --run-id {run_id}")
     resolved = {**resolved, "run_id": run_id}
     if not (run_dir / "run.json").exists():  # the first stage of a run creates it
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -261,3 +307,72 @@ def new_run_id(root: Path, context: str) -> str:
         n += 1
         candidate = f"{base}-{n}"
     return candidate
+
+
+# ---- attempts -----------------------------------------------------------------------------------
+def attempt_name(stage: str, attempt: int) -> str:
+    return f"{stage}{ATTEMPT_MARK}{attempt}"
+
+
+def attempt_files(run_dir: Path, stage: str, name: str | None = None) -> dict[str, Path]:
+    """Where an attempt's files live, by kind; `name` the attempt's (default: the stage's own)."""
+    name = name or stage
+    notebooks = Path(run_dir) / "notebooks"
+    return {"stage": Path(run_dir) / name, "calls": Path(run_dir) / "calls" / name,
+            "notebook": notebooks / f"{name}.ipynb",
+            "papermill_log": notebooks / f"{name}.papermill.log"}
+
+
+def unfinished_attempt(run_dir: Path, stage: str) -> bool:
+    """Did an attempt of `stage` start in this run and end without its gates.json?"""
+    run_dir = Path(run_dir)
+    if (run_dir / stage / "gates.json").exists():
+        return False
+    if any(p.exists() for p in attempt_files(run_dir, stage).values()):
+        return True
+    entries = read_transcript(run_dir / "transcript.jsonl")
+    attempt = attempt_of(entries, stage)
+    return any(e.get("stage") == stage and in_attempt(e, attempt) for e in entries)
+
+
+def unfinished_writes(folder: Path) -> list[Path]:
+    """Writers' temporary files (lib.core.evidence) left under `folder` by a killed writer."""
+    if not Path(folder).is_dir():
+        return []
+    return sorted(p for p in Path(folder).rglob(f".*{evidence.PARTIAL_SUFFIX}") if p.is_file())
+
+
+def retire_attempt(run_dir: Path, stage: str, found: dict[str, Any] | None = None) -> dict:
+    """Keep an unfinished attempt of `stage` as `NN_stage.attempt-K` (K its number, from the
+    transcript), so the stage can run again into its own names. Nothing is overwritten: a name
+    already taken refuses the whole move. The attempt's folder holds its incomplete.json: the
+    one written when it stopped (lib.runner), else one written now from `found` (what the
+    resuming runner knows). A writer's temporary file left by a killed writer is removed (never
+    evidence: lib.core.evidence). The transcript gets the `retired` entry. Returns it."""
+    run_dir = Path(run_dir)
+    attempt = attempt_of(read_transcript(run_dir / "transcript.jsonl"), stage)
+    name = attempt_name(stage, attempt)
+    sources, targets = attempt_files(run_dir, stage), attempt_files(run_dir, stage, name)
+    taken = [str(t.relative_to(run_dir)) for t in targets.values() if t.exists()]
+    if taken:
+        raise EvidenceError(f"attempt {attempt} of {stage} cannot be kept as {name}: "
+                            f"{', '.join(taken)} exists already; nothing was moved")
+    removed = [str(p.relative_to(run_dir)) for folder in (sources["stage"], sources["calls"])
+               for p in unfinished_writes(folder)]
+    for rel in removed:
+        (run_dir / rel).unlink()
+    moved = {}
+    for kind, source in sources.items():
+        if source.exists():
+            os.rename(source, targets[kind])
+            moved[str(source.relative_to(run_dir))] = str(targets[kind].relative_to(run_dir))
+    marker = targets["stage"] / INCOMPLETE_NAME
+    if not marker.exists():
+        evidence.write_json_new(marker, {
+            "stage": stage, "attempt": attempt, "how": "found without gates.json when the run "
+            "was resumed (the runner did not see it end: killed, or papermill run alone)",
+            **(found or {}), "removed_unfinished_writes": removed})
+    elif removed:  # its incomplete.json was written when it stopped: kept as it is
+        evidence.write_json_new(targets["stage"] / "removed-unfinished-writes.json", removed)
+    return record_retired(run_dir, stage, attempt, moved,
+                          incomplete=str(marker.relative_to(run_dir)))

@@ -8,6 +8,11 @@ lib.core.stage: record (a new or named run under results_dir, run.json on creati
 same, its door in plan mode: nothing run against a cluster or a server) or replay
 (``REPRO_REPLAY=<run dir>``: a private copy of the recorded run, the door answering from its
 transcript).
+
+Recording, the kernel is written into the run's ledger as the owner of what its doors start,
+its reaper is started (lib.core.reaper: it stops what the kernel leaves should it die without
+its exit hook), and SIGTERM/SIGHUP stop the stage (lib.core.stage `stop_on_signals`); the exit
+hook stops what the stage started (`close_resources`).
 """
 from __future__ import annotations
 
@@ -21,10 +26,11 @@ from typing import Any
 
 from lib import places
 from lib.core import evidence
+from lib.core import reaper
 from lib.core.door import Door, REPO_ROOT
 from lib.core.errors import ParameterError
 from lib.core.stage import (OUTPUTS_VERSION, REPLAY_ENV, Stage, open_record, open_replay,
-                            resolve_path)
+                            resolve_path, stop_on_signals)
 from lib.stages import registry
 
 
@@ -52,6 +58,10 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS, plan=plan)
     else:
         stage = open_record(name, resolved, write_run_json, plan=plan)
+        ledger = reaper.Ledger(stage.run_dir)
+        ledger.owner(name)  # the runner finds the kernel to stop here
+        reaper.ensure_reaper(ledger)
+        stop_on_signals()
     atexit.register(stage.close_resources)
     print(f"{name} · context {stage.context} · run {stage.run_id}")
     return stage

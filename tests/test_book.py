@@ -260,3 +260,21 @@ def test_the_pin_sets_page_shows_every_set_and_the_one_gpu_diagnostic_from_its_e
         assert f"| {arm} | {pair['tokens_same']} of {pair['positions']} |" in page
     # without the diagnostic's evidence: not measured, saying where it would be
     assert "not measured: `results/diagnostics/" in pages.pin_sets_table(tmp_path)
+
+
+def test_an_interrupted_stage_is_said_so_in_the_appendix(tmp_path):
+    """A stage the runner stopped (its incomplete.json, lib.runner) and no attempt finished."""
+    results = copy_runs(tmp_path, REFERENCE)
+    run = results / REFERENCE
+    shutil.rmtree(run / "06_multicomm")
+    (run / "06_multicomm").mkdir()
+    (run / "06_multicomm" / "incomplete.json").write_text('{"signal": "SIGINT"}')
+    (run / evidence.SUMS_NAME).unlink()
+    evidence.seal(run)
+    (mine,) = catalog(results)
+    assert mine.stages["06_multicomm"] == "interrupted"
+    assert mine.verdict == "incomplete: 06 interrupted"
+    history = pages.history_page([mine])
+    assert "incomplete: 06 interrupted (make run RUN=<id> resumes it)" in history
+    summary = pages.run_page(mine, REFERENCE)
+    assert "| 06_multicomm | 0 | 0 | 0 | interrupted |" in summary

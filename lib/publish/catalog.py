@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib.core import evidence
+from lib.core.stage import INCOMPLETE_NAME
 from lib.roots import pins
 from lib.stages.registry import STAGES
 
@@ -39,6 +40,7 @@ class Run:
     notes: str = ""
     superseded_by: str = ""
     failed_stages: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
     pin_set: str = ""  # the stack it ran (lib.roots.pins; runs before sets: the seed's)
 
     @property
@@ -49,6 +51,8 @@ class Run:
     def verdict(self) -> str:
         if not self.seal == "sealed":
             return "incomplete" if self.seal == "unsealed" else "refused (evidence changed)"
+        if self.interrupted:
+            return "incomplete: " + ", ".join(s[:2] for s in self.interrupted) + " interrupted"
         if self.failed_stages:
             return "FAIL in " + ", ".join(s[:2] for s in self.failed_stages)
         return "PASS"
@@ -58,6 +62,8 @@ class Run:
         """What a reader of the appendix needs before trusting the run."""
         if self.seal != "sealed":
             return self.verdict
+        if self.interrupted:
+            return self.verdict + " (make run RUN=<id> resumes it)"
         if self.superseded_by:
             return f"superseded by {self.superseded_by}"
         if self.failed_stages:
@@ -66,11 +72,14 @@ class Run:
 
 
 def stage_states(run_dir: Path) -> dict[str, str]:
+    """PASS, FAIL or SKIP from a stage's gates; "interrupted" for a stage the runner stopped
+    (its incomplete.json, lib.runner) and no attempt finished; else "not run"."""
     states = {}
     for stage in STAGES:
         gates = evidence.read_gates(run_dir / stage)
         if gates is None:
-            states[stage] = "not run"
+            interrupted = (run_dir / stage / INCOMPLETE_NAME).exists()
+            states[stage] = "interrupted" if interrupted else "not run"
             continue
         counts = evidence.summarize_gates(gates)
         states[stage] = "FAIL" if counts["FAIL"] else ("PASS" if counts["PASS"] else "SKIP")
@@ -151,6 +160,7 @@ def read_run(run_dir: Path, replayed: list[str], reference: str = "") -> Run:
         replayed=replayed, seal=seal, feeds_results=not why, why_not_results=why,
         notes=notes.read_text(encoding="utf-8") if notes.exists() else "",
         failed_stages=[s for s, state in stages.items() if state == "FAIL"],
+        interrupted=[s for s, state in stages.items() if state == "interrupted"],
         pin_set=pins.pin_set_of(record))
 
 

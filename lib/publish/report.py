@@ -20,15 +20,13 @@ def gates_table(run_dir: Path) -> pd.DataFrame:
 
 
 def stage_summary(run_dir: Path) -> pd.DataFrame:
+    """Per stage: its gate counts and its state (catalog.stage_states: the one rule)."""
+    from lib.publish.catalog import stage_states
+
     rows = []
-    for stage in STAGES:
-        gates = evidence.read_gates(Path(run_dir) / stage)
-        if gates is None:
-            rows.append({"stage": stage, "PASS": 0, "FAIL": 0, "SKIP": 0, "state": "not run"})
-            continue
-        counts = evidence.summarize_gates(gates)
-        state = "FAIL" if counts["FAIL"] else ("PASS" if counts["PASS"] else "SKIP")
-        rows.append({"stage": stage, **counts, "state": state})
+    for stage, state in stage_states(Path(run_dir)).items():
+        gates = evidence.read_gates(Path(run_dir) / stage) or []
+        rows.append({"stage": stage, **evidence.summarize_gates(gates), "state": state})
     return pd.DataFrame(rows)
 
 

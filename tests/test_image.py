@@ -27,7 +27,9 @@ def repo_scripts() -> list[str]:
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--",
                              *image.SCRIPT_PATHSPECS], cwd=REPO_ROOT, check=True, text=True,
                             capture_output=True).stdout.split()
-    return sorted(set(listed))
+    # as stage 02 (image.shell_scripts): a run's evidence under results/ (a device run's script,
+    # a plan's rendered ones) is kept as it ran, not the repository's code
+    return sorted(set(p for p in listed if not p.startswith("results/")))
 
 
 # ---- what `make test` promises: the linters are clean --------------------------------------------

@@ -157,7 +157,7 @@ def test_statefulset_one_pod_per_node_ready_logs_and_exec(cluster):
 def test_deleted_pod_is_finalized_and_the_statefulset_recreates_it(cluster):
     plane, double = cluster
     old_uid = plane.get_json("pod", "ep-0")["metadata"]["uid"]
-    plane.kubectl("delete", "pod", "ep-0", "--timeout=20s")  # waits: the double finalizes it
+    plane.kubectl("delete", "pod", "ep-0", "--timeout=90s", timeout=120)  # the double finalizes
     assert old_uid not in double.pods
     plane.kubectl("wait", "--for=condition=Ready", "pod/ep-0", "--timeout=30s")
     assert plane.get_json("pod", "ep-0")["metadata"]["uid"] != old_uid

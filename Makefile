@@ -60,9 +60,11 @@ chromium:
 	scripts/chromium.sh install
 
 # The slowest tests are printed (--durations): `make test` must stay under 20 minutes here. Two
-# workers (pytest-xdist): the suite waits on servers and AIPerf's start-up as much as it computes.
+# workers (pytest-xdist): the suite waits on servers and AIPerf's start-up as much as it computes;
+# then the cluster tests alone (tests/conftest.py says why).
 unit: venv kube-plane slurm chromium
-	REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 -m "not cluster" --durations=25 tests
+	$(PY) -m pytest -q -m cluster --durations=10 tests
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # then the replayable notebooks of the further reference runs (results/REPLAYED), each against

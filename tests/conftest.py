@@ -32,23 +32,26 @@ def reference_book(tmp_path_factory):
     return out / "_build" / "html"
 
 
-# Under pytest-xdist (`make test` runs two workers), the files that start this host's one
-# Kubernetes control plane, or its one Slurm, run in one worker each, in order: their daemons
-# listen on fixed ports.
-ONE_WORKER = {"kube": ("test_kube_stages.py", "test_kubeplane.py", "test_manifests.py"),
-              "slurm": ("test_slurm_place.py", "test_slurmlocal.py")}
-
-
+# `make test` runs the suite in two phases: everything but the cluster tests on two workers
+# (pytest-xdist), then the cluster tests alone on one: those start this host's one Kubernetes
+# control plane (fixed ports) or its one Slurm, and wait on daemons with deadlines that a second
+# worker's load made them miss (measured: a pod's recreation, a step's SIGTERM line, a /metrics
+# read, each late once in two parallel runs).
+CLUSTER_FILES = ("test_kube_stages.py", "test_kubeplane.py", "test_manifests.py",
+                 "test_slurm_place.py", "test_slurmlocal.py")
 # The longest files start first, so that two workers end together (measured with --durations:
 # each of these holds tests of one to three minutes).
-LONGEST_FIRST = ("test_vllm_stages.py", "test_interrupt.py", "test_kube_stages.py",
-                 "test_sweep.py", "test_slurm_place.py")
+LONGEST_FIRST = ("test_vllm_stages.py", "test_interrupt.py", "test_sweep.py")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: starts the host's control plane or Slurm; "
+                                       "run alone, one worker (make test's second phase)")
 
 
 def pytest_collection_modifyitems(config, items):
     order = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: file order kept
     for item in items:
-        for group, files in ONE_WORKER.items():
-            if item.path.name in files:
-                item.add_marker(pytest.mark.xdist_group(group))
+        if item.path.name in CLUSTER_FILES:
+            item.add_marker(pytest.mark.cluster)

@@ -91,7 +91,7 @@ from lib.engines import transformers, vllm_logs, vllm_server
 from lib.engines.model_facts import routed_experts
 from lib.engines.transport import unset_vars
 from lib.engines.vllm_args import vllm_serve
-from lib.places import batch
+import lib.places.batch as batch  # the module, not the package (no cycle through it)
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRank, NodeRun, Place, RankJob,
                              ServeSpec, Unsupported, saved_model_config)
 from lib.places.instances import INSTANCE_TYPES

@@ -40,3 +40,9 @@ def engine_default(resolved: dict[str, Any]) -> str:
 
 def check_engine(resolved: dict[str, Any]) -> None:
     PLACES[resolved["context"]].check_engine(resolved)
+
+
+def plans(resolved: dict[str, Any]) -> bool:
+    """Whether the place of these parameters only plans (its door records and runs nothing
+    against a cluster or a server): the one place a context name decides it."""
+    return place_class(resolved["context"]) is PlanPlace

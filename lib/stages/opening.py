@@ -53,7 +53,7 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         engine = (recorded_engine(resolve_path(replay_of), name) if replay_of
                   else places.engine_default(resolved))
         resolved = registry.resolve(name, {**given, "engine": engine})
-    plan = resolved["context"] == "plan" and registry.SPECS[name].uses_place
+    plan = places.plans(resolved) and registry.SPECS[name].uses_place
     if replay_of:
         stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS, plan=plan)
     else:

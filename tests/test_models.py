@@ -89,3 +89,16 @@ def test_cli_prints_json_and_uses_the_cache(built):
     info = json.loads(done.stdout.strip().splitlines()[-1])
     assert info["model_dir"] == built["model_dir"]
     assert info["config_hash"] == built["config_hash"] and info["built"] is False
+
+
+def test_the_identity_names_the_versions_the_modules_report():
+    """The cache key reads versions from the distributions' metadata (no import: a cached build
+    answers in a fraction of a second); they are the strings the imported modules report, so a
+    cached model is the one these libraries would build."""
+    import tokenizers
+    import torch
+    import transformers
+
+    assert models.library_versions() == {"torch": torch.__version__,
+                                         "transformers": transformers.__version__,
+                                         "tokenizers": tokenizers.__version__}

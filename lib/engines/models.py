@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +92,10 @@ CORPUS_SENTENCES = 3000
 
 # ---- identity ----------------------------------------------------------------------------------
 def library_versions() -> dict[str, str]:
-    import tokenizers
-    import torch
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__}
+    """The installed distributions' versions, read from their metadata (the same strings as
+    their modules' __version__, e.g. '2.13.0+cpu') without importing them: importing torch and
+    transformers took 3 of the 3.4 s a cached `build` costs, and every serving stage calls it."""
+    return {name: metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
 
 
 def model_spec(flavor: str = "tiny", layers: int | None = None) -> dict[str, Any]:

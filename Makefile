@@ -8,7 +8,7 @@ RUN ?=
 REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
 PIP_QUIET := -q --disable-pip-version-check
 
-.PHONY: run test book venv unit nbval reference kube-plane slurm chromium
+.PHONY: run test book venv unit cluster-tests nbval reference kube-plane slurm chromium
 
 # The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
@@ -59,11 +59,17 @@ slurm:
 chromium:
 	scripts/chromium.sh install
 
-# The slowest tests are printed (--durations): `make test` must stay under 20 minutes here. Two
-# workers (pytest-xdist): the suite waits on servers and AIPerf's start-up as much as it computes;
-# then the cluster tests alone (tests/conftest.py says why).
+# The slowest tests are printed (--durations): `make test` must stay under 20 minutes here.
+# `unit` is everything but the cluster tests on three workers, a file at a time, the longest
+# first (pytest-xdist; the tests wait on servers, AIPerf's start-up and kernels as much as they
+# compute), then the cluster tests on one (tests/conftest.py says why).
+UNIT_TESTS := REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 3 --dist loadfile \
+  --no-loadscope-reorder -m "not cluster" --durations=25 tests
 unit: venv kube-plane slurm chromium
-	REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 -m "not cluster" --durations=25 tests
+	$(UNIT_TESTS)
+	$(MAKE) --no-print-directory cluster-tests
+
+cluster-tests: venv kube-plane slurm
 	$(PY) -m pytest -q -m cluster --durations=10 tests
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
@@ -82,4 +88,8 @@ nbval: venv
 	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
 	@$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
 
-test: venv unit nbval
+# The cluster tests mostly wait on their daemons (about half a core, measured); nbval takes one
+# core: the two run side by side, each one's output printed whole when it ends (-O).
+test: venv kube-plane slurm chromium
+	$(UNIT_TESTS)
+	$(MAKE) --no-print-directory -j2 -Otarget cluster-tests nbval

@@ -32,16 +32,29 @@ def reference_book(tmp_path_factory):
     return out / "_build" / "html"
 
 
-# `make test` runs the suite in two phases: everything but the cluster tests on two workers
-# (pytest-xdist), then the cluster tests alone on one: those start this host's one Kubernetes
+# `make test` runs the suite in two phases: everything but the cluster tests on three workers
+# (pytest-xdist, a file at a time: --dist loadfile; measured: two workers kept the two cores
+# 108% busy of 200, the tests wait on servers, AIPerf's start-up and papermill's kernels as much
+# as they compute), then the cluster tests on one: those start this host's one Kubernetes
 # control plane (fixed ports) or its one Slurm, and wait on daemons with deadlines that a second
 # worker's load made them miss (measured: a pod's recreation, a step's SIGTERM line, a /metrics
-# read, each late once in two parallel runs).
+# read, each late once in two parallel runs). nbval runs beside them (one core; the daemons
+# take about half of the other).
+#
+# A file at a time, because module fixtures are made once per worker that runs one of their
+# tests: spread over three workers, test_interrupt.py's chain of real runs was made five times
+# (measured, ~110 s each). xdist's --dist loadgroup would group files by mark, but with pytest 9
+# it groups nothing (xdist 3.8.0 renames `item._nodeid`, which pytest 9 no longer reads), so
+# the long files are split instead (tests/vllm_stage_kit.py).
 CLUSTER_FILES = ("test_kube_stages.py", "test_kubeplane.py", "test_manifests.py",
                  "test_slurm_place.py", "test_slurmlocal.py")
-# The longest files start first, so that two workers end together (measured with --durations:
-# each of these holds tests of one to three minutes).
-LONGEST_FIRST = ("test_vllm_stages.py", "test_interrupt.py", "test_sweep.py")
+# The longest files start first, so that the workers end together (measured with --durations,
+# a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
+# ~100 down to ~30).
+LONGEST_FIRST = ("test_interrupt.py", "test_vllm_answers.py", "test_vllm_deepep_06.py",
+                 "test_vllm_stages.py", "test_serve.py", "test_sweep.py", "test_book.py",
+                 "test_bench_moe_a2a.py", "test_places.py", "test_guide.py", "test_load.py",
+                 "test_kernel_test_ep.py")
 
 
 def pytest_configure(config):

@@ -127,7 +127,7 @@ def test_stage_05_measures_and_replays(tmp_path, monkeypatch):
     serve_stage.run(s04)
     s04.finish()
     stage = make_stage(run_dir, "05_sweep", SMALL)
-    from tests.test_vllm_stages import spy_on_the_loop
+    from tests.vllm_stage_kit import spy_on_the_loop
 
     loops = spy_on_the_loop(monkeypatch)
     data = sweep_stage.run(stage)

@@ -43,8 +43,9 @@ def reference_book(tmp_path_factory):
 #
 # A file at a time, because module fixtures are made once per worker that runs one of their
 # tests: spread over three workers, test_interrupt.py's chain of real runs was made five times
-# (measured, ~110 s each). xdist's --dist loadgroup would group files by mark, but with pytest 9
-# it groups nothing (xdist 3.8.0 renames `item._nodeid`, which pytest 9 no longer reads), so
+# (measured, ~110 s each). xdist's --dist loadgroup would group files by mark, but with pytest
+# 9.2 it groups nothing (xdist 3.8.0 renames `item._nodeid`, which pytest 9 no longer reads:
+# pytest-dev/pytest-xdist#1386, open as of 2026-12-01; checked here with a two-file probe), so
 # the long files are split instead (tests/vllm_stage_kit.py).
 CLUSTER_FILES = ("test_kube_stages.py", "test_kubeplane.py", "test_manifests.py",
                  "test_slurm_place.py", "test_slurmlocal.py")

@@ -376,32 +376,32 @@ class Door:
                 with deferred_signals():
                     rc, out, err, duration, left = _abandon(running)
                     self._drop(copies)
-                    seq = self._seq
-                    out, err = self._clean(out), self._clean(err)
-                    self._record(
-                        "run", key, cwd=self._clean(str(cwd)) if cwd else None,
-                        env=self._clean_env(env), timeout_s=timeout, rc=rc,
-                        duration_s=round(duration, 6), timed_out=False,
-                        interrupted=type(stopped).__name__, group_left=left,
-                        stdout=self._write_stream(seq, "stdout", out),
-                        stderr=self._write_stream(seq, "stderr", err),
-                    )
+                    self._record_run(key, cwd, env, timeout, rc, out, err, duration, False,
+                                     interrupted=type(stopped).__name__, group_left=left)
                 raise
             finally:
                 self._drop(copies)
-            seq = self._seq
-            out, err = self._clean(out), self._clean(err)
-            self._record(
-                "run", key, cwd=self._clean(str(cwd)) if cwd else None,
-                env=self._clean_env(env), timeout_s=timeout, rc=rc,
-                duration_s=round(duration, 6), timed_out=timed_out,
-                stdout=self._write_stream(seq, "stdout", out),
-                stderr=self._write_stream(seq, "stderr", err),
-            )
+            seq, out, err = self._record_run(key, cwd, env, timeout, rc, out, err, duration,
+                                             timed_out)
             result = CallResult(key, rc, out, err, round(duration, 6), timed_out, seq)
         if check and (result.rc not in ok_codes or result.timed_out):
             raise CommandError(result)
         return result
+
+    def _record_run(self, key, cwd, env, timeout, rc, out, err, duration, timed_out,
+                    **interruption) -> tuple[int, str, str]:
+        """A finished or an interrupted `run` into the transcript, its streams cleaned of
+        secrets and identities; returns its seq and the cleaned streams."""
+        seq = self._seq
+        out, err = self._clean(out), self._clean(err)
+        self._record(
+            "run", key, cwd=self._clean(str(cwd)) if cwd else None,
+            env=self._clean_env(env), timeout_s=timeout, rc=rc,
+            duration_s=round(duration, 6), timed_out=timed_out, **interruption,
+            stdout=self._write_stream(seq, "stdout", out),
+            stderr=self._write_stream(seq, "stderr", err),
+        )
+        return seq, out, err
 
     def start(
         self, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None,

@@ -46,3 +46,9 @@ def plans(resolved: dict[str, Any]) -> bool:
     """Whether the place of these parameters only plans (its door records and runs nothing
     against a cluster or a server): the one place a context name decides it."""
     return place_class(resolved["context"]) is PlanPlace
+
+
+def on_one_machine(resolved: dict[str, Any]) -> bool:
+    """Whether the place of these parameters runs every rank on this one machine (one node, its
+    GPUs the ranks): the parameter rules on nodes and ranks ask it."""
+    return place_class(resolved["context"]).one_machine

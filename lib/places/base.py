@@ -142,6 +142,9 @@ class Place:
     # whether a file a rank writes lands where this machine reads it (the stage's folder):
     # the torch benchmark writes its result JSON that way
     shares_files = False
+    # whether every rank runs on this one machine (one node; the ranks are its GPUs) rather
+    # than one node per rank group of a cluster
+    one_machine = False
 
     def __init__(self, stage):
         self.stage = stage

@@ -85,6 +85,7 @@ class LocalPlace(Place):
     transport = "intranode_nvlink"  # one machine: NVLink, GIN off, NCCL 2.30.4 preloaded
     python = sys.executable
     shares_files = True
+    one_machine = True
 
     @classmethod
     def engine_default(cls, resolved: dict[str, Any]) -> str:

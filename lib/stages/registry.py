@@ -24,6 +24,7 @@ from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLUR
 from lib.engines.model_facts import routed_experts
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
+from lib import places
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.roots import pins as pins_mod
 
@@ -367,17 +368,17 @@ def check_run_request(context: str, run_id_: str | None, stages: list[str] | Non
 
 def _check_together(p: dict[str, Any]) -> None:
     """Rules across parameters: said in terms of the parameter a person would change."""
-    context = p.get("context")
-    if context == "local" and p.get("nodes") not in (None, 1):
+    one_machine = "context" in p and places.on_one_machine(p)
+    if one_machine and p.get("nodes") not in (None, 1):
         raise ParameterError("nodes", p["nodes"], "1 on the local context (more needs a cluster: "
                                                   "kube or slurm)")
     experts, topk = p.get("num_experts"), p.get("num_topk")
     if experts is not None and topk is not None and topk > experts:
         raise ParameterError("num_topk", topk, f"an integer from 1 to num_experts ({experts})")
-    if context == "local" and p.get("ranks") is not None and p["ranks"] < 2:
+    if one_machine and p.get("ranks") is not None and p["ranks"] < 2:
         raise ParameterError("ranks", p["ranks"], "an integer >= 2 on the local context (one "
                                                   "machine: the all-to-all needs two ranks)")
-    ranks = p.get("ranks") if context == "local" else _world(p)
+    ranks = p.get("ranks") if one_machine else _world(p)
     if experts is not None and ranks and experts % ranks:
         raise ParameterError("num_experts", experts,
                              f"a multiple of the ranks ({ranks}) so every rank holds whole experts")
@@ -396,7 +397,7 @@ def _check_together(p: dict[str, Any]) -> None:
                                    "(docker/build_deepep.sh) with the backend {backend!r}: vLLM "
                                    "imports deep_ep from it"))
     for backend in [p.get("all2all_backend") or "", *(p.get("ab_backends") or [])]:
-        if (context == "local" and p.get("engine") != "transformers"
+        if (one_machine and p.get("engine") != "transformers"
                 and backend.startswith("deepep")):
             for name, allowed in deepep_needs:
                 if not p.get(name):

@@ -18,7 +18,8 @@ import pytest
 from lib.engines import models
 from lib.stages import registry as params
 from lib.engines import transformers as serve
-from lib.core.door import Door, _group_alive, read_transcript
+from lib.core.door import Door, read_transcript
+from lib.core.reaper import group_alive
 from lib.core.evidence import read_gates
 from lib.core.stage import Stage
 from lib.stages import serve as serve_stage
@@ -228,7 +229,7 @@ def test_stop_gate_sees_the_whole_group_and_replays(tmp_path):
     stage, server, stopped = _stop_a_server_with_a_grandchild(run_dir)
     assert stopped["status"] == "PASS", stopped
     assert stopped["observed"]["group_left"] == []  # the grandchild waited for, not left
-    assert _group_alive(server.proc.pid) == []
+    assert group_alive(server.proc.pid) == []
     stage.finish()
     replay = Stage("04_serve", stage.params, run_dir, Door(run_dir, "04_serve", replay=True),
                    run_dir)

@@ -687,8 +687,8 @@ def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
         try:
             running.wait()
         finally:  # ended, timed out or killed: its group is done (an interruption: _abandon)
-            if ledger is not None and not running.process.is_alive()[0] and not _group_alive(
-                    running.pid):
+            if (ledger is not None and not running.process.is_alive()[0]
+                    and not reaping.group_alive(running.pid)):
                 ledger.ended(running.pid, ticks)
         rc, out, err, timed_out = running.exit_code, running.stdout, running.stderr, False
     except sh.TimeoutException as exc:
@@ -714,7 +714,7 @@ def _abandon(started: dict) -> tuple[int | None, str, str, float, list[int]]:
         left = reaping.stop_groups(ledger, [group], by="door")[0]["left"]
     else:
         reaping.stop_pid_group(running.pid, started.get("ticks"), grace_s=KILL_GRACE_S)
-        left = _group_alive(running.pid)
+        left = reaping.group_alive(running.pid)
     rc = None
     if not running.process.is_alive()[0]:
         try:
@@ -783,23 +783,6 @@ def record_retired(run_dir: Path, stage: str, attempt: int, moved: dict[str, str
     return entry
 
 
-def _group_alive(pgid: int) -> list[int]:
-    """Live (not zombie) processes of the process group `pgid`, read from /proc."""
-    alive = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode("utf-8", errors="replace")
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            alive.append(int(entry.name))
-    return alive
-
-
 def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list[int]]:
     """TERM the process's group (its own session), then KILL it, until the leader AND every
     process of its group are gone. Returns (exit code, whether KILL was sent, what is left).
@@ -807,7 +790,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list
     (a grandchild) stuck in DeepEP's teardown barrier went on writing its log after the stage
     was sealed."""
     def gone() -> bool:
-        return not proc._running.process.is_alive()[0] and not _group_alive(proc.pid)
+        return not proc._running.process.is_alive()[0] and not reaping.group_alive(proc.pid)
 
     def wait(seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -828,7 +811,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list
         killed = sig == signal.SIGKILL
         if wait(grace):
             break
-    return proc._running.process.exit_code, killed, _group_alive(proc.pid)
+    return proc._running.process.exit_code, killed, reaping.group_alive(proc.pid)
 
 
 def _http(method, url, timeout, json_body, extra_headers=None):

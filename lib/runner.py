@@ -248,7 +248,7 @@ class Attempt:
         found = [o for o in self.ledger.owners(self.stage, alive_only=alive_only)
                  if o["t"] >= self.since - 1]
         known = {o["pid"] for o in found}
-        for pid in _children(self.proc.pid):
+        for pid in children(self.proc.pid):
             if pid not in known:
                 found.append({"pid": pid, "start": reaper.start_ticks(pid), "stage": self.stage})
         return found
@@ -362,7 +362,7 @@ def still_ours(started: dict) -> bool:
     return reaper.still_ours(started["pgid"], started.get("start"))
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     """A process's children (papermill's: its kernel), read from /proc."""
     found = []
     try:

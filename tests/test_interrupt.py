@@ -38,6 +38,7 @@ from lib.core import reaper
 from lib.core.door import Door, read_transcript
 from lib.core.errors import EvidenceError
 from lib.core.stage import retire_attempt
+from lib.runner import children
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = "00_cluster,04_serve,05_sweep"
@@ -305,7 +306,7 @@ def papermill_killed(interrupted, results):
     try:
         cell = wait_for_aiperf(run, runner, log, since)
         timed("resume to 05's AIPerf cell running again", began)
-        papermill = [p for p in _children(runner.pid)
+        papermill = [p for p in children(runner.pid)
                      if b"papermill" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(papermill) == 1, papermill
         kernels = [e for e in ledger_events(run) if e["event"] == "owner"
@@ -319,13 +320,6 @@ def papermill_killed(interrupted, results):
             os.killpg(runner.pid, signal.SIGKILL)
     return {"run": run, "rc": rc, "cell": cell, "kernels": kernels, "since": since,
             "alive": settle(run), "log": log}
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        found += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return found
 
 
 def test_papermill_killed_its_kernel_dies_and_the_reaper_stops_server_and_aiperf(

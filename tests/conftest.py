@@ -38,8 +38,7 @@ def reference_book(tmp_path_factory):
 # as they compute), then the cluster tests on one: those start this host's one Kubernetes
 # control plane (fixed ports) or its one Slurm, and wait on daemons with deadlines that a second
 # worker's load made them miss (measured: a pod's recreation, a step's SIGTERM line, a /metrics
-# read, each late once in two parallel runs). nbval runs beside them (one core; the daemons
-# take about half of the other).
+# read, each late once in two parallel runs; beside nbval, a kube serve once in three).
 #
 # A file at a time, because module fixtures are made once per worker that runs one of their
 # tests: spread over three workers, test_interrupt.py's chain of real runs was made five times

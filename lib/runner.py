@@ -48,7 +48,7 @@ from lib.core import evidence
 from lib.core import reaper
 from lib.core.door import REPO_ROOT, attempt_of, read_transcript, redact_file
 from lib.core.errors import EvidenceError, ParameterError
-from lib.core.stage import (INCOMPLETE_NAME, new_run_id, retire_attempt, unfinished_attempt,
+from lib.core.stage import (INCOMPLETE_NAME, REFUSED_GATE, new_run_id, retire_attempt, unfinished_attempt,
                             unfinished_writes)
 from lib.stages import registry
 from lib.stages.registry import STAGES, check_run_request
@@ -460,6 +460,30 @@ def _interrupted(run_dir: Path, now: list, signum: int) -> int:
     return 128 + signum
 
 
+def refused(gates: list[dict] | None) -> list[dict]:
+    """The FAIL gates a stage recorded for its cluster's refusal (lib.core.stage.Stage.refuse)."""
+    return [g for g in gates or [] if g["gate"] == REFUSED_GATE and g["status"] == "FAIL"]
+
+
+def _stop_at_refusal(run_dir: Path, stage: str, gates: list[dict], now: list, log: Path,
+                     took: float) -> int:
+    """The stage's cluster refused (its notebook raised after writing its gates): the run
+    stops there, sealed, exit 1; nothing after it could reach the cluster either."""
+    now[-1].settle("the cluster refused", None, ask_kernel=False)
+    now.clear()
+    redact_file(log, run_dir=run_dir)
+    settle_leftovers(run_dir)
+    counts = evidence.summarize_gates(gates)
+    print(f"[{stage}] {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "
+          f"in {took:.0f} s", flush=True)
+    for g in refused(gates):
+        print(f"    FAIL {g['gate']}: {g['reason']}", flush=True)
+    print(f"[{stage}] the cluster refused: the run stops here (fix the context, then start a "
+          "new run)", flush=True)
+    evidence.seal(run_dir)
+    return 1
+
+
 def _run_stages(run_dir: Path, context: str, extra: dict[str, str], params: dict[str, str],
                 stages: list[str], now: list, signals: Signals) -> int:
     run_id = run_dir.name
@@ -501,6 +525,8 @@ def _run_stages(run_dir: Path, context: str, extra: dict[str, str], params: dict
             returncode = signals.wait(proc)
         gates = evidence.read_gates(run_dir / stage)
         took = time.monotonic() - started
+        if returncode != 0 and refused(gates):
+            return _stop_at_refusal(run_dir, stage, gates, now, log, took)
         if returncode != 0 or gates is None:
             killed = -returncode if returncode < 0 else None
             how = (f"papermill was killed by {signal.Signals(killed).name}" if killed else

@@ -162,10 +162,11 @@ def test_backstop_stops_a_server_left_running(tmp_path, model_dir):
 
 @pytest.mark.parametrize("context, said", [
     ("plan", "planned, not run"),          # rendered and checked, not applied
-    ("kube", "kubectl get nodes failed"),  # no cluster answers here
-    ("slurm", "neither is given"),         # the slurm place serves with an image or a venv
 ])
 def test_a_place_that_cannot_serve_skips_with_its_reason(tmp_path, context, said):
+    """A plan cannot serve: a SKIP. A cluster that does not answer is a FAIL, not a SKIP
+    (tests/test_refusals.py); the slurm place without an image or a venv is a SKIP once its
+    cluster answered (tests/test_slurm_place.py)."""
     # engine '' resolves to the place's pick when a notebook opens the stage: vLLM on a cluster
     stage = make_stage(tmp_path / "run", given={"context": context, "engine": "vllm"})
     data = serve_stage.run(stage)

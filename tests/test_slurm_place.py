@@ -171,7 +171,9 @@ def test_a_one_task_step_and_a_plan_s_batch_script(tmp_path):
                                                                     ("1.0", "guide-x")]
 
 
-def test_without_an_image_or_a_venv_nothing_is_served_or_run(tmp_path):
+def test_without_an_image_or_a_venv_nothing_is_served_or_run(cluster, tmp_path):
+    """A SKIP once the cluster answered (sinfo: its one call); where it does not answer, the
+    refusal is said first, a FAIL (tests/test_refusals.py)."""
     stage = slurm_stage(tmp_path, "04_serve", {"engine": "transformers"})
     place = SlurmPlace(stage)
     for asked in (lambda: place.model("transformers"), lambda: place.model("vllm"),
@@ -180,11 +182,13 @@ def test_without_an_image_or_a_venv_nothing_is_served_or_run(tmp_path):
             asked()
     with pytest.raises(Unsupported, match="AIPerf runs as a step of the serve's allocation"):
         place.run_job(["true"], env={}, timeout_s=1)
-    # without an image or a venv there is nothing to run ranks with, before any call
+    # without an image or a venv there is nothing to run ranks with: nothing submitted
     stage = slurm_stage(tmp_path, "03_kernel_test", {"ranks": 1})
     with pytest.raises(Unsupported, match="`image`.*or a `venv`"):
         SlurmPlace(stage).run_ranks(RankJob("x", lambda n: ["true"], lambda n: {}, 5, nodes=2))
-    assert read_transcript(tmp_path / "transcript.jsonl") == []
+    asked = [e["key"][0] for e in read_transcript(tmp_path / "transcript.jsonl")
+             if e["kind"] == "run"]
+    assert asked and set(asked) == {"sinfo"}, asked
 
 
 def test_nodes_declared_without_efa_need_no_gdrdrv_nor_hugepages(tmp_path):

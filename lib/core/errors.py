@@ -52,8 +52,34 @@ class CommandError(DoorError):
 
 
 class PlaceError(RuntimeError):
-    """A place's cluster did not do what was asked (nodes not allocated in time, an allocation
-    refused, its clients absent); the message says what, and what to change."""
+    """A cluster refused or could not be reached: its API server or controller did not answer,
+    a context is missing, an apply or an allocation was refused, a pod could not be scheduled.
+    Not a missing capability of the place (that is lib.places.Unsupported, a SKIP): a stage
+    records it as a FAIL gate (lib.core.stage.Stage.refuse) naming `where` (the context, e.g.
+    "kube context 'my-eks'") and the command that failed, stops, and its notebook exits
+    non-zero. `call` is the door's CallResult of that command, when one ran."""
+
+    def __init__(self, where: str, what: str, call=None):
+        self.where, self.what = where, what
+        self.command = " ".join(call.argv) if call is not None else None
+        self.rc = call.rc if call is not None else None
+        self.seq = getattr(call, "seq", None)  # the call's number in the transcript
+        # the client's last line says it for people (kubectl's "The connection to the server
+        # ... was refused"); the whole output is in the transcript
+        said = ((call.stderr or call.stdout or "").strip().splitlines() or [""])[-1][-300:] \
+            if call is not None else ""
+        ran = (f": `{self.command}` exited {self.rc}" + (f": {said}" if said else "")
+               if call is not None else "")
+        super().__init__(f"{where}: {what}{ran}")
+
+    def observed(self) -> dict:
+        """What the FAIL gate shows: where, the command and its exit code."""
+        return {"where": self.where, "command": self.command, "exit_code": self.rc}
+
+
+class StageRefused(RuntimeError):
+    """Raised by a stage's finish after its gates are written, when its cluster refused
+    (PlaceError): the notebook, papermill and `make run` exit non-zero."""
 
 
 class PinsError(ValueError):

@@ -41,8 +41,8 @@ from lib.core import evidence
 from lib.core.params import NO_LEGACY, Param
 from lib.core.door import (REPO_ROOT, Door, attempt_of, in_attempt, read_transcript,
                            record_retired)
-from lib.core.errors import EvidenceError, ReplayMismatch
-from lib.core.evidence import Gate
+from lib.core.errors import EvidenceError, PlaceError, ReplayMismatch, StageRefused
+from lib.core.evidence import Gate, gate
 
 REPLAY_ENV = "REPRO_REPLAY"
 _shadows: dict[Path, Path] = {}
@@ -61,6 +61,8 @@ ATTEMPT_MARK = ".attempt-"
 INCOMPLETE_NAME = "incomplete.json"
 # The signals that stop a stage in its kernel (SIGINT stays ipykernel's: an interrupt)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The FAIL gate a cluster's refusal is recorded as (Stage.refuse); the runner stops a run at it
+REFUSED_GATE = "the cluster answers"
 
 
 class StageInterrupted(KeyboardInterrupt):
@@ -102,6 +104,7 @@ class Stage:
         self.recorded_run = recorded_run
         self.gates: list[Gate] = []
         self._resources: list = []  # cleanups (servers) run by finish, or at exit
+        self.refusal: PlaceError | None = None  # the cluster refused: finish raises after gates
         self.outputs_version = OUTPUTS_VERSION
         record = Path(recorded_run or "") / "run.json"
         if recorded_run is not None and record.exists():  # what its notebooks output
@@ -155,6 +158,16 @@ class Stage:
             else:
                 self.gates.append(g)
 
+    def refuse(self, refusal: PlaceError) -> None:
+        """The cluster refused or could not be reached: one FAIL gate naming where and the
+        command; the stage stops there and `finish` raises StageRefused once gates.json is
+        written, so papermill and the runner exit non-zero."""
+        self.refusal = refusal
+        said = [f"calls/{self.name}/{refusal.seq:04d}.{kind}" for kind in ("stderr", "stdout")
+                if refusal.seq is not None] if refusal.command else []
+        self.add(gate(REFUSED_GATE, False, refusal.observed(), "answers", str(refusal),
+                      [rel for rel in said if (self.run_dir / rel).exists()]))
+
     def on_exit(self, cleanup) -> None:
         self._resources.append(cleanup)
 
@@ -186,6 +199,9 @@ class Stage:
             evidence.write_json_new(self.dir / "gates.json", rows)
         counts = evidence.summarize_gates(rows)
         print(f"{self.name} done: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        if self.refusal is not None:
+            raise StageRefused(f"{self.name} stopped: {self.refusal}. Its gates are recorded; "
+                               "the stages after it cannot run on this context until it answers")
         table = pd.DataFrame(rows)[["gate", "status", "observed", "expected", "reason"]]
         return table
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lib.core.door import CallResult, HttpResult
+from lib.core.errors import PlaceError
 from lib.core.evidence import Gate, gate, skip
 from lib.engines import vllm_logs
 from lib.engines.model_facts import routed_experts
@@ -135,9 +136,14 @@ class KubePlace(Place):
         rel = self.stage.write_text(f"manifests/{name}.yaml", manifests.to_yaml(objects))
         call = self._run("apply", "-f", str(self.stage.run_dir / rel))
         if not call.ok:
-            raise Unsupported(f"kubectl apply of {rel} failed (exit {call.rc}): "
-                              f"{call.stderr.strip()[-500:]}")
+            raise PlaceError(self.where(), f"the apply of {rel} was refused", call)
         return rel
+
+    def where(self) -> str:
+        """The cluster this place drives, as a refusal names it."""
+        context = self.stage.params.get("kube_context") or ""
+        named = f"kube context {context!r}" if context else "kubectl's current context"
+        return f"{named} (namespace {self.namespace})"
 
     def clean_up(self) -> None:
         """Delete what this stage applied (its run and stage labels), unless `keep`."""
@@ -157,8 +163,7 @@ class KubePlace(Place):
             except ValueError:
                 items = []
             if not got.ok:
-                raise Unsupported(f"kubectl get nodes failed (exit {got.rc}): "
-                                  f"{got.stderr.strip()[-300:]}")
+                raise PlaceError(self.where(), "the API server did not list the nodes", got)
             kind = self.stage["instance_type"]
             self._nodes = [n for n in items if (n["metadata"].get("labels") or {}).get(
                 manifests.INSTANCE_TYPE_LABEL) == kind]
@@ -187,7 +192,7 @@ class KubePlace(Place):
             versions = {}
         nodes = self.nodes()
         if not nodes:
-            raise Unsupported(f"no node of instance type {self.stage['instance_type']} in the "
+            raise PlaceError(self.where(), f"no node of instance type {self.stage['instance_type']} in the "
                               "cluster (kubectl get nodes, label "
                               f"{manifests.INSTANCE_TYPE_LABEL})")
         facts = [node_facts(n, versions) for n in nodes]
@@ -199,7 +204,7 @@ class KubePlace(Place):
         try:
             statuses = self.wait_pods(names, done=True, timeout_s=self.stage["job_timeout_s"])
         except NotScheduled as why:  # pinned by nodeName: only a missing node does this
-            raise Unsupported(f"the node probes were not scheduled: {why}") from None
+            raise PlaceError(self.where(), f"the node probes were not scheduled: {why}") from None
         for f, name in zip(facts, names):
             probe = manifests.parse_probe_log(self.pod_log(name, statuses.get(name)))
             f.update(probe_facts(probe))

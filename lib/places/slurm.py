@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lib.core.door import REPO_ROOT, Background, CallResult
-from lib.core.errors import CommandError, DoorError
+from lib.core.errors import DoorError, PlaceError
 from lib.core.evidence import Gate, gate
 from lib.engines import transformers, vllm_logs, vllm_server
 from lib.engines.model_facts import routed_experts
@@ -209,9 +209,11 @@ class SlurmPlace(Place):
         return None if self._param("image") else (self._param("nccl_site") or None)
 
     def _python(self) -> str:
-        """The interpreter the nodes run; Unsupported when neither an image nor a venv says."""
+        """The interpreter the nodes run; Unsupported when neither an image nor a venv says
+        (once the cluster answered: PlaceError when it does not)."""
         if self._param("image") or self._param("venv"):
             return self.python
+        self.nodes()  # a cluster that does not answer is said first: a FAIL, not this SKIP
         raise Unsupported(
             f"{self.what} runs ranks and servers with an `image` (pyxis's --container-image) "
             "or a `venv` (a Python environment on the nodes' shared file system); neither is "
@@ -237,13 +239,18 @@ class SlurmPlace(Place):
                 "mounts": (str(self.stage.run_dir), str(REPO_ROOT)) if image else ()}
 
     # ---- the cluster's nodes ------------------------------------------------------------------
+    def where(self) -> str:
+        """The cluster this place drives, as a refusal names it."""
+        partition = self._param("partition", "")
+        return f"slurm partition {partition!r}" if partition else "slurm's default partition"
+
     def _query(self, argv: list[str]) -> CallResult:
         call = self.door.run(argv, timeout=QUERY_TIMEOUT_S, check=False)
         if call.rc == 127:
-            raise DoorError(f"{self.what} needs Slurm's clients (sinfo, sbatch, srun, squeue, "
-                            f"scontrol, scancel) on this machine: {call.stderr.strip()}")
+            raise PlaceError(self.where(), "Slurm's clients (sinfo, sbatch, srun, squeue, "
+                             "scontrol, scancel) are not on this machine", call)
         if not call.ok:
-            raise CommandError(call)
+            raise PlaceError(self.where(), f"{argv[0]} did not answer", call)
         return call
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -254,7 +261,7 @@ class SlurmPlace(Place):
             if not partition and any(r["default"] for r in rows):
                 rows = [r for r in rows if r["default"]]
             if not rows:
-                raise DoorError(f"sinfo lists no node in partition {partition or '(default)'}")
+                raise PlaceError(self.where(), "sinfo lists no node in it")
             self._rows = rows
         return self._rows
 
@@ -293,14 +300,14 @@ class SlurmPlace(Place):
         features, node_addr, node_hostname), and what 00's cluster gates read (cluster_access,
         ready, instance_type: the feature naming one, evidence: the probe's output file).
         This machine's clients (kubectl_client, docker_engine) are no node's facts: absent.
-        Raises DoorError when the nodes could not be allocated in time."""
+        Raises PlaceError when the nodes could not be allocated in time."""
         version = self._query(["sinfo", "--version"]).stdout.strip()
         rows = {r["node"]: r for r in self.nodes()}
         gpus, nodes = self.gpus(), int(self._param("nodes", 1))
         try:
             jobid = self._allocate("node probe", nodes, gpus)
         except _NotAllocated as why:
-            raise DoorError(f"{self.what} could not probe its nodes: {why}") from None
+            raise PlaceError(self.where(), f"the node probe was not allocated: {why}") from None
         try:
             names, info = self._nodes_of(jobid)
             base = self.stage.path(f"probe-{jobid}")
@@ -309,7 +316,7 @@ class SlurmPlace(Place):
                                               self._param("job_timeout_s", PROBE_TIMEOUT_S)),
                                   label="the node probe")
         except _NotAllocated as why:
-            raise DoorError(f"{self.what} could not probe its nodes: {why}") from None
+            raise PlaceError(self.where(), f"the node probe was not allocated: {why}") from None
         finally:
             self.release(jobid)
         report, facts = batch.srun_report(call.stderr), []

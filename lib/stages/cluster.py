@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 
 from lib import places
-from lib.core.errors import PlaceError
 from lib.core.evidence import gate, skip
 from lib.core.stage import Stage
 from lib.places import NodeNeeds, Unsupported
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 GDRDRV_MIN = (2, 5)  # gdrdrv 2.4 + libgdrapi 2.5 passes transport but breaks combine (ANCHORS §4)
 MIN_CORES = 2  # two gloo ranks, or a server and AIPerf on their own cores
@@ -104,15 +104,13 @@ def cluster_gates(stage: Stage, nodes: list[dict], evidence: list[str]) -> list:
     ]
 
 
+@refusals_fail
 def run(stage: Stage) -> dict:
     place = places.for_stage(stage)
     try:
         nodes = place.host_facts()
     except Unsupported as why:
         stage.add(skip("cluster probe", str(why)))
-        return {"facts": None}
-    except PlaceError as why:  # the cluster answered no: its nodes not allocated in time, ...
-        stage.add(gate("cluster probe", False, None, "every node probed", str(why)))
         return {"facts": None}
     needs = place.node_needs()
     if len(nodes) == 1 and "node" not in nodes[0]:  # this host, as one node
@@ -129,6 +127,7 @@ def run(stage: Stage) -> dict:
     return {"facts": nodes[0], "nodes": nodes}
 
 
+@shows_refusal
 def show(stage: Stage, data: dict):
     import pandas as pd
 

@@ -32,6 +32,7 @@ from lib.core.door import REPO_ROOT
 from lib.core.evidence import gate, skip
 from lib.places import Unsupported
 from lib.roots import pins as pins_mod
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 DOCKER_DIR = Path("docker")
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
@@ -372,6 +373,7 @@ def shell_scripts(stage, repo: Path) -> tuple[list[str] | None, str]:
                       if l.strip() and not l.strip().startswith("results/"))), ""
 
 
+@refusals_fail
 def run(stage, *, repo: Path = REPO_ROOT, dockerfile: Path | None = None,
         context: Path | None = None, pins_path: Path | None = None,
         hadolint: Path | None = None, shellcheck: Path | None = None,
@@ -506,6 +508,7 @@ def _shown(path: Path, repo: Path) -> str:
         return str(path)
 
 
+@shows_refusal
 def show(stage, data: dict | None = None):
     """The gates of this stage as a table (pandas)."""
     import pandas as pd

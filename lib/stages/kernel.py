@@ -22,6 +22,7 @@ from lib.engines import deepep
 from lib.measure import testep, triage
 from lib.measure.testep import first_case, parse_test_ep_text
 from lib.places import NodeRank, RankJob, Unsupported
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use test_ep's 7168
 GPU_HIDDEN = 7168
@@ -91,6 +92,7 @@ def first_failure(runs: list, streams: list[str]) -> dict:
                                      {f"node {r.rank}": r.rc for r in runs}, evidence=streams)
 
 
+@refusals_fail
 def run(stage: Stage) -> dict:
     place = places.for_stage(stage)
     try:
@@ -184,6 +186,7 @@ def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> li
     return rows
 
 
+@shows_refusal
 def show(stage: Stage, data: dict):
     from lib.core.glue import glue_recorded
 

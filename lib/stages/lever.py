@@ -69,6 +69,7 @@ from lib.measure import serving, stats
 from lib.measure.serving import Arm
 from lib.places import Unsupported
 from lib.stages import ab, kernel
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 BASELINE = Arm("eager+EP", "vllm-eager-ep", True, True)
 ARMS = (BASELINE, Arm("graphs+EP", "vllm-graphs-ep", False, True),
@@ -95,6 +96,7 @@ def dc_p50(result: dict | None) -> float | None:
     return ((result.get("phases_us") or {}).get("dispatch_combine") or {}).get("p50")
 
 
+@refusals_fail
 def run(stage: Stage) -> dict:
     p = stage.params
     place = places.for_stage(stage)
@@ -149,6 +151,7 @@ def _verdict(ratio: dict, a: int, b: int) -> str:
     return f"no difference between K={a} and K={b} resolved here (interval spans 1)"
 
 
+@shows_refusal
 def show(stage: Stage, data: dict):
     if data.get("serving_ab"):
         return ab.show_serving_ab(stage, data)

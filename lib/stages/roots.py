@@ -27,6 +27,7 @@ from lib.roots import pins as pins_mod
 from lib.roots import verify as roots
 from lib.core.door import REPO_ROOT
 from lib.core.evidence import Gate, gate, skip
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 ROOTS_JSON = "roots.json"
 COLUMNS = ["root", "kind", "level", "source", "pin", "resolved", "status", "reason", "evidence"]
@@ -51,6 +52,7 @@ def row_gate(row: roots.Row, table: str) -> Gate:
                                           else row.status), evidence=evidence)
 
 
+@refusals_fail
 def run(stage, *, pins_path: Path | None = None, python: str | None = None) -> dict:
     """Verify every pin; write roots.json; add the gates. Returns what roots.json holds."""
     data, digest = read_pins(stage, pins_path)
@@ -115,6 +117,7 @@ def set_gates(table: dict, rel: str) -> list[Gate]:
     return gates
 
 
+@shows_refusal
 def show(stage, data: dict | None = None):
     """The table of every root: source, pin, level, resolved, status and evidence (pandas)."""
     import pandas as pd

@@ -23,6 +23,7 @@ from lib.core.evidence import skip
 from lib.core.stage import Stage
 from lib.engines import transformers as serve
 from lib.places import ServeSpec, Unsupported
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 CLUSTER_GATES = ["server ready", "/v1/models lists the model",
                  "model config is a Mixture of Experts",
@@ -30,6 +31,7 @@ CLUSTER_GATES = ["server ready", "/v1/models lists the model",
 READY_GATES = CLUSTER_GATES[1:]
 
 
+@refusals_fail
 def run(stage: Stage) -> dict[str, Any]:
     place = places.for_stage(stage)
     engine = serve.resolve_engine(stage)
@@ -140,6 +142,7 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
 
 
+@shows_refusal
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import display
     from lib.core.glue import glue_recorded

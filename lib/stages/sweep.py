@@ -36,6 +36,7 @@ from lib.engines import transformers as serve
 from lib.measure import serving, sweep
 from lib.places import Unsupported
 from lib.stages import ab
+from lib.stages.refusal import refusals_fail, shows_refusal
 
 SHOWN_COLUMNS = ["concurrency", "repeat", "requests_completed", "errors", "output_tps",
                  "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
@@ -50,6 +51,7 @@ def warmup_said(p: dict) -> str:
     return f"{p['warmup_requests']}, at least one full batch"
 
 
+@refusals_fail
 def run(stage: Stage) -> dict[str, Any]:
     p = stage.params
     place = places.for_stage(stage)
@@ -149,6 +151,7 @@ def same_model_gate(stage: Stage, model: dict[str, Any]):
                 "config hash of the model built here against 04's", [f"{ab.UPSTREAM}/model.json"])
 
 
+@shows_refusal
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import Image, display
     from lib.core.glue import glue_recorded

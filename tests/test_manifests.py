@@ -366,7 +366,7 @@ def test_a_token_value_never_appears_only_the_secret_name(monkeypatch):
 def test_three_nodes_of_the_default_model_are_refused_for_ep_divisibility():
     with pytest.raises(ParameterError) as info:
         mf.vllm_objects(**{**SERVE, "nodes": 3})
-    assert info.value.name == "nodes" and "EP divisibility" in str(info.value)
+    assert info.value.name == "nodes" and "expert parallelism divisibility" in str(info.value)
     assert "128 routed experts" in str(info.value) and "1, 2, 4, 8, 16" in str(info.value)
     with pytest.raises(ParameterError):
         mf.leaderworkerset_objects(**{**SERVE, "nodes": 3})

@@ -35,7 +35,7 @@ from lib.core.errors import PlaceError
 from lib.core.evidence import Gate, gate, skip
 from lib.engines import vllm_logs
 from lib.engines.model_facts import routed_experts
-import lib.places.manifests as manifests  # the module, not the package (no cycle through it)
+import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 import lib.places.stream as stream
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              Unsupported, saved_model_config)

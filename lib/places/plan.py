@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.core.evidence import gate
-import lib.places.manifests as manifests  # the module, not the package (no cycle through it)
+import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 from lib.places.base import NodeRank, Place, RankJob, ServeSpec, Unsupported
 from lib.places.kube import KubePlace
 from lib.roots import pins as pins_mod

@@ -21,7 +21,7 @@ from lib.core.errors import ParameterError
 from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
                              ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
                              Param, checked, dns_label)
-from lib.engines.model_facts import routed_experts
+from lib.engines.model_facts import check_ep_divides
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib import places
@@ -416,16 +416,7 @@ def _check_model_divides(p: dict[str, Any]) -> None:
     model = p.get("model")
     if p.get("context") == "local" or not model or not p.get("nodes") or not p.get("gpus_per_node"):
         return
-    experts = routed_experts(model)
-    world = p["nodes"] * p["gpus_per_node"]
-    if experts is not None and experts % world:
-        divisors = [n for n in range(1, 17) if experts % (n * p["gpus_per_node"]) == 0]
-        raise ParameterError(
-            "nodes", p["nodes"],
-            f"a node count whose EP size divides the model's routed experts (expert parallelism "
-            f"divisibility): {model} has {experts} routed experts, and {p['nodes']} nodes x "
-            f"{p['gpus_per_node']} GPUs = {world} ranks does not divide them; nodes in "
-            + ", ".join(map(str, divisors)))
+    check_ep_divides(model, p["nodes"], p["gpus_per_node"])
 
 
 def _world(p: dict[str, Any]) -> int | None:

@@ -1,0 +1,109 @@
+"""The AIPerf Job: AIPerf against the leader's Service, which then prints its artifact folder
+into its log (lib.places.stream.pack_command).
+
+Pure: parameters in, plain dicts out.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import PurePosixPath
+from typing import Any, Callable, Mapping, Sequence
+
+from lib.core.errors import ParameterError
+from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
+                                         HTTP_PORT, _abs_path, _check_kube_expansion,
+                                         _env_list, _image, _name, _namespace, _resources,
+                                         _tolerations, labels, leader_url)
+from lib.places.stream import NAME_RULE as ARTIFACT_NAME_RULE
+from lib.places.stream import pack_command
+
+DEFAULT_AIPERF_NAME = "aiperf"
+SWEEP_STAGE = "05_sweep"  # the stage that renders it (lib.stages.registry's name)
+# AIPerf's artifacts: an emptyDir, printed into the log before the pod ends.
+ARTIFACT_ROOT = "/artifacts"
+# Small, and Guaranteed QoS like everything else.
+AIPERF_CPU_MEMORY = ("8", "16Gi")
+# A finished AIPerf Job (and its pod, and so its log) is deleted this long after it ends: long
+# enough for the stage to read the log, short enough that nothing piles up in the namespace.
+AIPERF_TTL_S = 3600
+
+
+def aiperf_script(argv: Sequence[str], artifact_dir: str, block: str) -> str:
+    """Run AIPerf, then print the artifact folder (stream.pack_command) whatever AIPerf's exit
+    code; exit with AIPerf's code (or 70 when only the printing failed)."""
+    return ("set -u\n"
+            "rc=0\n"
+            f"{shlex.join([str(a) for a in argv])} || rc=$?\n"
+            'echo "guide-aiperf: aiperf exited ${rc}"\n'
+            f"if ! {{ {pack_command(artifact_dir, block)}; }}; then\n"
+            '  echo "guide-aiperf: printing the artifacts failed" >&2\n'
+            '  if [ "${rc}" -eq 0 ]; then rc=70; fi\n'
+            "fi\n"
+            'exit "${rc}"\n')
+
+
+def aiperf_job(*, run_id: str, image: str,
+               argv: Sequence[str] | Callable[[str], Sequence[str]],
+               artifact_dir: str = f"{ARTIFACT_ROOT}/aiperf", block: str = "aiperf",
+               name: str = DEFAULT_AIPERF_NAME, stage: str = SWEEP_STAGE,
+               namespace: str = DEFAULT_NAMESPACE, serve_name: str = DEFAULT_SERVE_NAME,
+               port: int = HTTP_PORT, timeout_s: float = 3600.0,
+               ttl_s: int = AIPERF_TTL_S, env: Mapping[str, str] | None = None,
+               tolerations: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A Job (backoffLimit 0, restartPolicy Never, ttlSecondsAfterFinished) running AIPerf
+    against the leader's Service URL (`leader_url`), then printing `artifact_dir` into its log
+    as the block `block` (lib.places.stream), to be read back with `kubectl logs` and
+    stream.unpack: a finished Job's pod cannot be copied from.
+
+    `argv` is AIPerf's argv, or a callable given the URL that returns it; either way it must
+    name that URL and write under `artifact_dir` (inside ARTIFACT_ROOT, an emptyDir)."""
+    name, namespace = _name("name", name), _namespace(namespace)
+    image, pull = _image(image)
+    url = leader_url(serve_name, namespace, port)
+    argv = list(argv(url) if callable(argv) else argv)
+    argv = [str(a) for a in argv]
+    if not argv or not any(url in a for a in argv):
+        raise ParameterError("argv", argv, f"an AIPerf argv naming the leader's URL {url}")
+    artifact_dir = _abs_path("artifact_dir", artifact_dir)
+    if not PurePosixPath(artifact_dir).is_relative_to(ARTIFACT_ROOT) or artifact_dir == ARTIFACT_ROOT:
+        raise ParameterError("artifact_dir", artifact_dir, f"a folder inside {ARTIFACT_ROOT}")
+    if not isinstance(block, str) or not ARTIFACT_NAME_RULE.match(block):
+        raise ParameterError("block", block, "letters, digits, '.', '_', '-' (1-128)")
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 0:
+        raise ParameterError("ttl_s", ttl_s, "an integer number of seconds >= 0")
+    own = {str(k): str(v) for k, v in dict(env or {}).items()}
+    script = aiperf_script(argv, artifact_dir, block)
+    _check_kube_expansion(name, [script, *own.values()], own)
+    cpu, memory = AIPERF_CPU_MEMORY
+    pod_labels = {**labels(run_id, stage, "aiperf"), GROUP_LABEL: name}
+    container = {
+        "name": "aiperf",
+        "image": image,
+        "imagePullPolicy": pull,
+        "command": ["sh", "-c", script],
+        "env": _env_list(own),
+        "resources": _resources(cpu=cpu, memory=memory),
+        "securityContext": {"allowPrivilegeEscalation": False},
+        "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACT_ROOT}],
+    }
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(pod_labels)},
+        "spec": {
+            "backoffLimit": 0,  # one try: a retry would measure a different run under one name
+            "activeDeadlineSeconds": max(1, int(timeout_s)),
+            "ttlSecondsAfterFinished": ttl_s,
+            "template": {
+                "metadata": {"labels": dict(pod_labels)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "tolerations": _tolerations(tolerations),
+                    "containers": [container],
+                    "volumes": [{"name": "artifacts", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+

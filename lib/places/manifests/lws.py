@@ -1,0 +1,59 @@
+"""The serve as a LeaderWorkerSet: the same render (lib.places.manifests.serve.serve_render) as
+the StatefulSet, as one LWS group and the HTTP Service over its leader.
+
+Pure: parameters in, plain dicts out (the render reads pins.yaml for the default model).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lib.places.manifests.common import (GROUP_LABEL, ROLE_LABEL, RUN_LABEL, _pod_annotations,
+                                         labels, run_label_value)
+from lib.places.manifests.serve import (ServeRender, _http_service, _serve_container,
+                                        _serve_pod_spec, render_entrypoint, serve_render)
+
+# LeaderWorkerSet: the convention of vLLM's docs and llm-d (ANCHORS 6). Facts of its API used
+# here: leaderworkerset.x-k8s.io/v1; the leader pod of group 0 is `<name>-0`, its workers
+# `<name>-0-<index>`; LWS makes a headless Service named `<name>` (subdomainPolicy Shared) and
+# sets LWS_WORKER_INDEX (0 for the leader) in every pod (natively since LWS v0.6.0).
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+
+
+def leaderworkerset_objects(**params: Any) -> list[dict]:
+    """The same serve as one LeaderWorkerSet group (replicas 1, size = nodes) and the HTTP
+    Service over its leader. LWS makes the rendezvous Service itself, so it is not rendered
+    here. A custom resource: kubernetes-validate skips it (it has no schema for it), so the
+    tests check it structurally. Parameters: as vllm_objects."""
+    return lws_objects(serve_render(**params))
+
+
+def lws_objects(r: ServeRender) -> list[dict]:
+    """leaderworkerset_objects of a render already checked."""
+    base = {RUN_LABEL: run_label_value(r.run_id), GROUP_LABEL: r.name}
+
+    def template(role: str, ordinals: list[int], leader: bool) -> dict:
+        script = render_entrypoint(r, ordinal_from="lws", ordinals=ordinals)
+        container = _serve_container(r, script=script, leader_probe=leader, serves_http=leader)
+        return {"metadata": {"labels": {**labels(r.run_id, r.stage, role), **base},
+                             "annotations": _pod_annotations(r.privileged)},
+                "spec": _serve_pod_spec(r, container, base)}
+
+    lws = {
+        "apiVersion": LWS_API_VERSION, "kind": "LeaderWorkerSet",
+        "metadata": {"name": r.name, "namespace": r.namespace,
+                     "labels": {**labels(r.run_id, r.stage, "serve"), **base}},
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "networkConfig": {"subdomainPolicy": "Shared"},
+            "leaderWorkerTemplate": {
+                "size": r.nodes,
+                # One rank's death ends every DP rank's collective: restart the whole group.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template("leader", [0], True),
+                "workerTemplate": template("worker", list(range(1, r.nodes)), False),
+            },
+        },
+    }
+    http = _http_service(r, {**base, ROLE_LABEL: "leader"})
+    return [http, lws]

@@ -1,0 +1,147 @@
+"""Rank jobs: a multi-node job of one process per node (DeepEP's test_ep, which spawns its own
+per-GPU ranks, or torchrun): a headless Service plus one Pod per node; node 0 is the rendezvous
+by DNS. `kernel_test_objects` fills it from lib.engines.deepep.
+
+Pure: parameters in, plain dicts out.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from lib.core.errors import ParameterError
+from lib.engines.deepep import test_ep_argv, test_ep_env
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
+from lib.places.base import NodeRank
+from lib.places.instances import DEFAULT_INSTANCE_TYPE
+from lib.places.manifests.common import (DEFAULT_NAMESPACE, GROUP_LABEL, HUGEPAGES_2MI,
+                                         RUN_LABEL, SHM_PATH, _check_kube_expansion, _count,
+                                         _cpu_memory, _env_list, _gpu_pod_spec,
+                                         _headless_service, _image, _instance, _label_value,
+                                         _name, _namespace, _no_token_values, _pod_annotations,
+                                         _positive, _resources, _security, labels,
+                                         rendezvous_host, run_label_value)
+
+NODE_RANK_LABEL = "guide.repro/node-rank"  # rank_objects: the pod's node rank
+DEFAULT_RANK_NAME = "test-ep"
+KERNEL_STAGE = "03_kernel_test"  # the stage that renders it (lib.stages.registry's name)
+# test_ep's init_dist default MASTER_PORT at b306af06 (ANCHORS 1.3).
+RDZV_PORT = 8361
+
+
+def _unset_prefix(transport: str) -> list[str]:
+    """`env -u VAR ...`: the transport's variables that must be absent (lib.engines.transport);
+    an image's ENV cannot be removed from a pod spec, only from the process's start."""
+    out = ["env"]
+    for var in unset_vars(transport):
+        out += ["-u", var]
+    return out
+
+
+def rank_objects(*, run_id: str, image: str, nodes: int,
+                 argv: Callable[[NodeRank], Sequence[str]],
+                 env: Callable[[NodeRank], Mapping[str, str]],
+                 name: str = DEFAULT_RANK_NAME, stage: str = KERNEL_STAGE,
+                 namespace: str = DEFAULT_NAMESPACE, rdzv_port: int = RDZV_PORT,
+                 instance_type: str = DEFAULT_INSTANCE_TYPE, gpus_per_node: int | None = None,
+                 efa_per_node: int | None = None, hugepages_2mi: str | None = HUGEPAGES_2MI,
+                 cpu: str | None = None, memory: str | None = None,
+                 tolerations: Sequence[Mapping[str, Any]] | None = None,
+                 transport: str = "efa", plugin_path: str = DEFAULT_PLUGIN_PATH,
+                 needs_gdrcopy: bool = True, timeout_s: float | None = None) -> list[dict]:
+    """A headless Service `name` and one Pod per node (`<name>-<rank>`, hostname and subdomain
+    set, so node 0 is `rendezvous_host(name, namespace)`), each running `argv(node)` with
+    `env(node)` over the transport's contract (lib.engines.transport.transport_env; a value
+    that contradicts the contract is refused; its unset variables are removed at the process's
+    start with `env -u`). One pod per node (required anti-affinity), on `instance_type` nodes;
+    requests == limits for GPUs, EFA devices, hugepages, memory and cpu; privileged only when
+    `needs_gdrcopy` (DeepEP over EFA), with PRIVILEGED_WHY beside it."""
+    nodes = _positive("nodes", nodes)
+    name, namespace = _name("name", name), _namespace(namespace)
+    image, pull = _image(image)
+    kind = _instance(instance_type)
+    gpus = _count("gpus_per_node", gpus_per_node, kind.gpus)
+    efa = _count("efa_per_node", efa_per_node, kind.efa)
+    cpu, memory = _cpu_memory(instance_type, cpu, memory)
+    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) or not 1 <= rdzv_port <= 65535:
+        raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
+    if not isinstance(needs_gdrcopy, bool):
+        raise ParameterError("needs_gdrcopy", needs_gdrcopy, "True or False")
+    contract = transport_env(transport, plugin_path=plugin_path)
+    master = rendezvous_host(name, namespace)
+    group = {RUN_LABEL: run_label_value(run_id), GROUP_LABEL: _label_value("name", name)}
+    objects: list[dict] = [_headless_service(
+        name=name, namespace=namespace, meta_labels={**labels(run_id, stage, "rendezvous"), **group},
+        selector=group, ports=[("rendezvous", rdzv_port)])]
+    for rank in range(nodes):
+        node = NodeRank(rank, nodes, master, rdzv_port)
+        own = {str(k): str(v) for k, v in dict(env(node)).items()}
+        _no_token_values("env", own)
+        clash = sorted(k for k in own if k in contract and own[k] != contract[k])
+        if clash:
+            raise ParameterError("env", {k: own[k] for k in clash},
+                                 f"the {transport} contract's values (lib.engines.transport): "
+                                 + ", ".join(f"{k}={contract[k]}" for k in clash))
+        gone = sorted(set(own) & set(unset_vars(transport)))
+        if gone:
+            raise ParameterError("env", gone, f"none of {', '.join(gone)}: the {transport} "
+                                 "transport requires them unset")
+        full_env = {**contract, **own}
+        command = _unset_prefix(transport) + [str(a) for a in argv(node)]
+        _check_kube_expansion(f"{name}-{rank}", command + list(full_env.values()), full_env)
+        container = {
+            "name": "rank",
+            "image": image,
+            "imagePullPolicy": pull,
+            "command": command,
+            "env": _env_list(full_env),
+            "ports": [{"name": "rendezvous", "containerPort": rdzv_port, "protocol": "TCP"}],
+            "resources": _resources(gpus=gpus, efa=efa, hugepages=hugepages_2mi, cpu=cpu,
+                                    memory=memory),
+            "securityContext": _security(needs_gdrcopy),
+            "volumeMounts": [{"name": "dshm", "mountPath": SHM_PATH}],
+        }
+        spec = _gpu_pod_spec(container=container, instance_type=instance_type,
+                             tolerations=tolerations, affinity_selector=group,
+                             restart_policy="Never")
+        spec["hostname"] = f"{name}-{rank}"
+        spec["subdomain"] = name
+        if timeout_s is not None:
+            spec["activeDeadlineSeconds"] = max(1, int(timeout_s))
+        objects.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{name}-{rank}", "namespace": namespace,
+                         "labels": {**labels(run_id, stage, "rank"), **group,
+                                    NODE_RANK_LABEL: str(rank)},
+                         "annotations": _pod_annotations(needs_gdrcopy)},
+            "spec": spec,
+        })
+    return objects
+
+
+def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
+                        num_tokens: int, hidden: int, num_topk: int, num_experts: int,
+                        python: str = "python3", extra: Iterable[str] = (),
+                        deepep_commit: str | None = None, name: str = DEFAULT_RANK_NAME,
+                        instance_type: str = DEFAULT_INSTANCE_TYPE,
+                        gpus_per_node: int | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
+                        **pod_params: Any) -> list[dict]:
+    """DeepEP's test_ep on `nodes` nodes: rank_objects with lib.engines.deepep's argv (one
+    process per node, `--num-processes` = GPUs per node) and env (WORLD_SIZE = nodes, RANK =
+    node rank, MASTER_ADDR = node 0's DNS name, MASTER_PORT = the rendezvous port)."""
+    gpus = _count("gpus_per_node", gpus_per_node, _instance(instance_type).gpus)
+    extra = list(extra)
+
+    def argv(node: NodeRank) -> list[str]:
+        return test_ep_argv(python=python, tests_dir=tests_dir, num_processes=gpus,
+                            num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
+                            num_experts=num_experts, extra=extra, deepep_commit=deepep_commit)
+
+    def env(node: NodeRank) -> dict[str, str]:
+        return test_ep_env(nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
+                           rdzv_port=node.port, transport="efa", nccl_site=None,
+                           plugin_path=plugin_path)
+
+    return rank_objects(run_id=run_id, image=image, nodes=nodes, argv=argv, env=env, name=name,
+                        instance_type=instance_type, gpus_per_node=gpus,
+                        plugin_path=plugin_path, **pod_params)
+

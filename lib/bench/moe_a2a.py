@@ -778,22 +778,10 @@ def init_distributed(cfg: Config, rank: int, local_rank: int) -> torch.device:
     return device
 
 
-def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
-    dtype = getattr(torch, cfg.dtype)
-    x32, topk_idx, weights = make_routing(cfg.seed, rank, cfg.num_tokens, cfg.hidden, cfg.num_topk, cfg.num_experts)
-    x = x32.to(dtype).to(device)
-    topk_idx, weights = topk_idx.to(device), weights.to(device)
-    exact = cfg.device == "cpu" and dtype == torch.float32
-    ref = reference_output(x, topk_idx, weights, cfg.num_experts, cfg.world_size)
-
-    comm = Comm(cfg, device)
-    moe = MoEA2A(cfg, rank, device, comm, x, topk_idx, weights)
-    log(f"layout: rank 0 sends {moe.layout.rows_sent} rows, receives {moe.layout.rows_recv} "
-        f"(world {cfg.world_size}, {cfg.num_comms} comm(s), {cfg.backend}, {cfg.dtype})", rank=rank)
-
-    # correctness pass (never skipped): dispatch -> expert -> combine vs the local reference
-    moe.dispatch()
-    moe.expert()
+def correctness_combine(cfg: Config, rank: int, moe: MoEA2A) -> tuple[torch.Tensor, str | None]:
+    """The first combine, checked before timing: (its output, why gather_sum fell back or None).
+    Under ``--combine auto`` a failing gather_sum falls back to index_select_sum and the result
+    says so; asked for by name, its failure is the run's."""
     combine_fallback = None
     try:
         out = moe.combine()
@@ -807,25 +795,19 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
         out = moe.combine_reduce()  # the rows are back already: no second all-to-all
     log(f"combine: {moe.combine_impl}" + (f" ({combine_fallback})" if combine_fallback else ""),
         rank=rank)
-    ok1, err1, how = check_output(out, ref, exact)
-    recv_snapshot = moe.recv_buf.clone()
-    # which NCCL actually moves the bytes: read now, after the process group's first collectives
-    # (layout, dispatch and combine on every one of the K groups) have loaded it
-    loaded = nccl_loaded()
-    log(f"correctness (before timing): {'ok' if ok1 else 'FAILED'} on rank 0, max_abs_err={err1:.3g}, {how}",
-        rank=rank)
+    return out, combine_fallback
 
-    if cfg.crash_rank == rank:
-        print(f"[moe_a2a] rank {rank}: --crash-rank {rank}: exiting with code {EXIT_CRASH_TEST} "
-              "before the timed loop (test fault path)", file=sys.stderr, flush=True)
-        os._exit(EXIT_CRASH_TEST)
 
+def time_phases(cfg: Config, rank: int, device: torch.device, moe: MoEA2A, ref: torch.Tensor,
+                exact: bool, recv_snapshot: torch.Tensor, checks: dict,
+                errs: list[float]) -> tuple[dict, dict, dict]:
+    """Time every phase; after each, check what its loop left behind (into ``checks`` and
+    ``errs``). Returns (samples, per_call samples, methods), by phase."""
     timer = Timer(cfg, device)
     fns = {"layout": moe.relayout, "dispatch": moe.dispatch, "combine": moe.combine,
            "dispatch_combine": moe.dispatch_combine,
            "dispatch_combine_uncached": moe.dispatch_combine_uncached, "floor": moe.floor}
-    samples, per_call, methods, checks = {}, {}, {}, {"before_timing": ok1}
-    errs = [err1]
+    samples, per_call, methods = {}, {}, {}
     for phase in PHASES:
         r = timer.run(fns[phase], capturable=phase in CAPTURABLE)
         samples[phase] = r["samples"]
@@ -846,20 +828,60 @@ def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
             errs.append(err)
         if phase in ("dispatch", "dispatch_combine", "dispatch_combine_uncached"):
             checks[f"recv_after_{phase}"] = bool(torch.equal(moe.recv_buf, recv_snapshot))
-    correct = all(checks.values())
-    lay = moe.layout
-    elt = torch.empty((), dtype=dtype).element_size()
+    return samples, per_call, methods
+
+
+def bytes_moved(cfg: Config, lay: Layout) -> dict:
+    """What this rank's layout sends: bytes of each exchange, rows per destination and source."""
+    elt = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
     send_tot, recv_tot = lay.per_rank_totals(cfg.world_size)
+    return {
+        "dispatch_sent": lay.rows_sent * cfg.hidden * elt,
+        "combine_sent": lay.rows_recv * cfg.hidden * elt,
+        "layout_sent": lay.layout_bytes_sent,
+        "dispatch_rows_sent": lay.rows_sent,
+        "dispatch_rows_per_destination": send_tot,
+        "dispatch_rows_per_source": recv_tot,
+    }
+
+
+def run_rank(cfg: Config, rank: int, device: torch.device) -> tuple[dict, int]:
+    dtype = getattr(torch, cfg.dtype)
+    x32, topk_idx, weights = make_routing(cfg.seed, rank, cfg.num_tokens, cfg.hidden, cfg.num_topk, cfg.num_experts)
+    x = x32.to(dtype).to(device)
+    topk_idx, weights = topk_idx.to(device), weights.to(device)
+    exact = cfg.device == "cpu" and dtype == torch.float32
+    ref = reference_output(x, topk_idx, weights, cfg.num_experts, cfg.world_size)
+
+    comm = Comm(cfg, device)
+    moe = MoEA2A(cfg, rank, device, comm, x, topk_idx, weights)
+    log(f"layout: rank 0 sends {moe.layout.rows_sent} rows, receives {moe.layout.rows_recv} "
+        f"(world {cfg.world_size}, {cfg.num_comms} comm(s), {cfg.backend}, {cfg.dtype})", rank=rank)
+
+    # correctness pass (never skipped): dispatch -> expert -> combine vs the local reference
+    moe.dispatch()
+    moe.expert()
+    out, combine_fallback = correctness_combine(cfg, rank, moe)
+    ok1, err1, how = check_output(out, ref, exact)
+    recv_snapshot = moe.recv_buf.clone()
+    # which NCCL actually moves the bytes: read now, after the process group's first collectives
+    # (layout, dispatch and combine on every one of the K groups) have loaded it
+    loaded = nccl_loaded()
+    log(f"correctness (before timing): {'ok' if ok1 else 'FAILED'} on rank 0, max_abs_err={err1:.3g}, {how}",
+        rank=rank)
+
+    if cfg.crash_rank == rank:
+        print(f"[moe_a2a] rank {rank}: --crash-rank {rank}: exiting with code {EXIT_CRASH_TEST} "
+              "before the timed loop (test fault path)", file=sys.stderr, flush=True)
+        os._exit(EXIT_CRASH_TEST)
+
+    checks, errs = {"before_timing": ok1}, [err1]
+    samples, per_call, methods = time_phases(cfg, rank, device, moe, ref, exact, recv_snapshot,
+                                             checks, errs)
+    correct = all(checks.values())
     result = {
         "rank": rank,
-        "bytes": {
-            "dispatch_sent": lay.rows_sent * cfg.hidden * elt,
-            "combine_sent": lay.rows_recv * cfg.hidden * elt,
-            "layout_sent": lay.layout_bytes_sent,
-            "dispatch_rows_sent": lay.rows_sent,
-            "dispatch_rows_per_destination": send_tot,
-            "dispatch_rows_per_source": recv_tot,
-        },
+        "bytes": bytes_moved(cfg, moe.layout),
         "correct": correct,
         "max_abs_err": max(errs),
         "check": {"method": how, **checks},

@@ -31,7 +31,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from lib.engines import vllm_logs
 from lib.core.errors import DoorError
@@ -110,6 +110,67 @@ def read_settled_log(stage, server: VllmServer, started: float, timeout_s: float
         door.sleep(POLL_INTERVAL_S)
 
 
+def skip_mode_gates(add: Callable[[Gate], None], expert_parallel: bool, reason: str) -> None:
+    """Every gate of the serve asked for as SKIP: there is no log of a running server to read."""
+    for name in ((BACKEND_GATES if expert_parallel else EP_OFF_GATES)
+                 + ("vllm_compile_mode", "nccl_init_per_rank")):
+        add(skip(name, reason))
+
+
+def gate_adder(stage, server: VllmServer,
+               gate_prefix: str) -> Callable[[Gate | dict | None], None]:
+    """How the server's gates are recorded: on the server and the stage, named with
+    ``gate_prefix`` when it is one server among several."""
+    def add(g: Gate | dict | None) -> None:
+        if g is not None:
+            g = g if isinstance(g, Gate) else Gate(**g)
+            if gate_prefix:
+                g = replace(g, gate=f"{gate_prefix}: {g.gate}")
+            server.gates.append(g)
+            stage.add(g)
+    return add
+
+
+def start_process(door, server: VllmServer, add: Callable[[Gate | dict | None], None],
+                  expert_parallel: bool) -> bool:
+    """Start the server's process through the door; whether it started. When the door cannot
+    start it: `server ready` FAILs with the door's reason and every mode gate is SKIP."""
+    try:
+        server.proc = door.start(server.argv, log_path=server.log_path, env=server.env)
+        if server.proc.env is not None:  # as recorded: {repo} for this checkout, secrets masked
+            server.env = server.proc.env
+    except DoorError as exc:
+        add(gate("server ready", False, {"started": False}, "listening",
+                 f"could not start vLLM: {exc}", []))
+        skip_mode_gates(add, expert_parallel,
+                        "vLLM could not be started (see the gate 'server ready')")
+        return False
+    return True
+
+
+def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], None],
+                 started: float, timeout_s: float, *, num_experts: int | None,
+                 expert_parallel: bool, enforce_eager: bool, gate_prefix: str) -> None:
+    """A ready server's gates from its settled log: the mode gates (backend, EP split, eager or
+    graphs) and NCCL's per-rank init; one line says whether it is the serve asked for."""
+    text = read_settled_log(stage, server, started, timeout_s)
+    server.startup_s = vllm_logs.startup_seconds(text)
+    log_name = stage.rel(server.log_path)
+    server.backend_gates = mode_gates_of(text, backend=server.backend, gpus=server.gpus,
+                                         num_experts=num_experts,
+                                         expert_parallel=expert_parallel,
+                                         enforce_eager=enforce_eager, log_name=log_name)
+    for g in server.backend_gates:
+        add(g)
+    add(vllm_logs.per_rank_nccl(text, server.gpus, log_name=log_name))
+    failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
+    asked = (f"backend {server.backend}" if expert_parallel else "no expert parallelism")
+    print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "
+          f"{'eager' if enforce_eager else 'CUDA graphs'}: "
+          + (f"NOT as requested ({', '.join(failed)})" if failed
+             else "as requested (all gates PASS)"), flush=True)
+
+
 @contextmanager
 def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 backend: str = "allgather_reducescatter", num_experts: int | None,
@@ -151,21 +212,7 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     log_path = stage.path(log_name)
     server = VllmServer(str(model_dir), port, log_path, device="cuda", backend=backend,
                         gpus=gpus, argv=argv, env=env)
-
-    def add(g: Gate | dict | None) -> None:
-        if g is not None:
-            g = g if isinstance(g, Gate) else Gate(**g)
-            if gate_prefix:
-                g = replace(g, gate=f"{gate_prefix}: {g.gate}")
-            server.gates.append(g)
-            stage.add(g)
-
-    mode_gates = ((BACKEND_GATES if expert_parallel else EP_OFF_GATES)
-                  + ("vllm_compile_mode", "nccl_init_per_rank"))
-
-    def skip_backend(reason: str) -> None:
-        for name in mode_gates:
-            add(skip(name, reason))
+    add = gate_adder(stage, server, gate_prefix)
 
     def backstop() -> None:
         if not server.stopped and server.proc is not None:
@@ -174,39 +221,19 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     print(f"starting vLLM {door.norm(str(model_dir))} on port {port}: DP={gpus} x TP1 = EP"
           f"{gpus}, all2all backend {backend}", flush=True)
     started = door.now()
-    try:
-        server.proc = door.start(argv, log_path=log_path, env=env)
-        if server.proc.env is not None:  # as recorded: {repo} for this checkout, secrets masked
-            server.env = server.proc.env
-    except DoorError as exc:
-        add(gate("server ready", False, {"started": False}, "listening",
-                 f"could not start vLLM: {exc}", []))
-        skip_backend("vLLM could not be started (see the gate 'server ready')")
+    if not start_process(door, server, add, expert_parallel):
         yield server
         return
     stage.on_exit(backstop)
     try:
         add(wait_ready(stage, server, timeout_s))
         if server.ready:
-            text = read_settled_log(stage, server, started, timeout_s)
-            server.startup_s = vllm_logs.startup_seconds(text)
-            server.backend_gates = mode_gates_of(text, backend=backend, gpus=gpus,
-                                                 num_experts=num_experts,
-                                                 expert_parallel=expert_parallel,
-                                                 enforce_eager=enforce_eager,
-                                                 log_name=stage.rel(log_path))
-            for g in server.backend_gates:
-                add(g)
-            add(vllm_logs.per_rank_nccl(text, gpus, log_name=stage.rel(log_path)))
-            failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
-            asked = (f"backend {backend}" if expert_parallel else "no expert parallelism")
-            print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "
-                  f"{'eager' if enforce_eager else 'CUDA graphs'}: "
-                  + (f"NOT as requested ({', '.join(failed)})" if failed
-                     else "as requested (all gates PASS)"), flush=True)
+            assert_serve(stage, server, add, started, timeout_s, num_experts=num_experts,
+                         expert_parallel=expert_parallel, enforce_eager=enforce_eager,
+                         gate_prefix=gate_prefix)
         else:
-            skip_backend("vLLM never became ready (see the gate 'server ready' and its log "
-                         "tail): no backend to assert")
+            skip_mode_gates(add, expert_parallel, "vLLM never became ready (see the gate "
+                            "'server ready' and its log tail): no backend to assert")
         yield server
     finally:
         add(stop_server(stage, server))

@@ -165,73 +165,99 @@ def measure(stage, serve: Callable, arms: tuple[Arm, ...], shapes: tuple[Shape, 
                     started={arm.slug: [] for arm in arms})
     if header:
         header(layout, order)
-    one = len(arms) == 1
-    ask = bool(p.get("answer_prompts")) and not one  # answers are compared between arms
-
-    def serve_arm(stack: ExitStack, arm: Arm, start: int | None):
-        """Start the arm's server inside `stack`; `start`: which start of an exclusive arm."""
-        where = "" if start is None else f", start {start}"
-        server = stack.enter_context(serve(
-            arm, "" if one else arm.name + where,
-            None if one else (f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log")))
-        m.started[arm.slug].append(server)
-        m.lives[id(server)] = sweep.ServerLife(arm.name + where)
-        if ask and arm.name not in m.answers and not server_problem(server):
-            # before its cells: what the arm computes, for the comparisons' answer gates
-            m.answers[arm.name] = agreement.ask(stage, server,
-                                                agreement.PROMPTS[:p["answer_prompts"]])
-            m.answer_files[arm.name] = stage.write_json(
-                agreement.ANSWERS_FILE.format(slug=arm.slug), m.answers[arm.name])
-        return server
-
     with ExitStack() as stack:
-        servers: dict[str, Any] = {}
-        for arm in arms:  # one at a time: each profiles its memory while the others are idle
-            if arm in exclusive:
-                continue
-            server = servers[arm.slug] = serve_arm(stack, arm, None)
-            problem = server_problem(server)
-            if problem:
-                m.broken.append((arm.slug, None, problem))
-                if not problem.ready:
-                    break  # the arms after it would wait for nothing: stop here, gates say why
+        servers = _serve_resident(stage, serve, m, stack, exclusive)
         if m.broken:  # every server that came up stays evidence of its backend; none is measured
-            m.not_started = [a for a in arms if a not in exclusive and not m.started[a.slug]]
             return m
         if memory:
             m.after_ready_rss = serve.rss(servers[arms[0].slug])
-        mmap_dir = stage.path(sweep.MMAP_FOLDER)
-        up: Arm | None = None  # the exclusive arm whose server is up
-        arm_stack = ExitStack()
-        stack.callback(lambda: arm_stack.close())  # whichever exclusive server is up at the end
-        try:
-            for index, (repeat, concurrency, arm, shape) in enumerate(
-                    (o if len(o) == 4 else (*o, shapes[0])) for o in order):
-                cell, name = sweep.Cell(repeat, concurrency), cell_arm(arm, shape, shapes)
-                gone = next((m.lives[id(s)] for s in m.started[arm.slug]
-                             if m.lives[id(s)].exit_code is not None), None)
-                if gone:  # its server died in an earlier cell: the arm is not started again
-                    stage.add(skip(f"{cell.label(name)}: measured", gone.not_run()))
-                    if not one:
-                        print(f"[{index + 1}/{len(order)}] repeat {repeat} c{concurrency} "
-                              f"{arm.name}: not run, its server is gone", flush=True)
-                    continue
-                if arm in exclusive and up != arm:
-                    arm_stack.close()  # the previous DeepEP server is gone before the next starts
-                    arm_stack, up = ExitStack(), arm
-                    start = len(m.started[arm.slug]) + 1
-                    server = servers[arm.slug] = serve_arm(arm_stack, arm, start)
-                    problem = server_problem(server)
-                    if problem:
-                        m.broken.append((arm.slug, start, problem))
-                        return m
-                server = servers[arm.slug]
-                _one_cell(stage, m, server, cell, arm, shape, name, engine,
-                          f"[{index + 1}/{len(order)}]", mmap_dir)
-        finally:  # AIPerf's datasets (a plan started nothing: nothing to remove)
-            if not stage.door.planning:
-                stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
+        _run_cells(stage, serve, m, stack, exclusive, servers, engine)
     return m
+
+
+def _serve_arm(stage, serve: Callable, m: Measurement, stack: ExitStack, arm: Arm,
+               start: int | None):
+    """Start the arm's server inside `stack`; `start`: which start of an exclusive arm."""
+    p = stage.params
+    one = len(m.arms) == 1
+    ask = bool(p.get("answer_prompts")) and not one  # answers are compared between arms
+    where = "" if start is None else f", start {start}"
+    server = stack.enter_context(serve(
+        arm, "" if one else arm.name + where,
+        None if one else (f"{arm.slug}.log" if start is None else f"{arm.slug}-{start}.log")))
+    m.started[arm.slug].append(server)
+    m.lives[id(server)] = sweep.ServerLife(arm.name + where)
+    if ask and arm.name not in m.answers and not server_problem(server):
+        # before its cells: what the arm computes, for the comparisons' answer gates
+        m.answers[arm.name] = agreement.ask(stage, server,
+                                            agreement.PROMPTS[:p["answer_prompts"]])
+        m.answer_files[arm.name] = stage.write_json(
+            agreement.ANSWERS_FILE.format(slug=arm.slug), m.answers[arm.name])
+    return server
+
+
+def _serve_resident(stage, serve: Callable, m: Measurement, stack: ExitStack,
+                    exclusive: tuple[Arm, ...]) -> dict[str, Any]:
+    """Start every arm that stays up throughout (all but the exclusive ones) inside `stack`;
+    their servers by slug. A server with a problem goes to ``m.broken``."""
+    arms = m.arms
+    servers: dict[str, Any] = {}
+    for arm in arms:  # one at a time: each profiles its memory while the others are idle
+        if arm in exclusive:
+            continue
+        server = servers[arm.slug] = _serve_arm(stage, serve, m, stack, arm, None)
+        problem = server_problem(server)
+        if problem:
+            m.broken.append((arm.slug, None, problem))
+            if not problem.ready:
+                break  # the arms after it would wait for nothing: stop here, gates say why
+    if m.broken:
+        m.not_started = [a for a in arms if a not in exclusive and not m.started[a.slug]]
+    return servers
+
+
+def _gone_life(m: Measurement, arm: Arm) -> sweep.ServerLife | None:
+    """The life of the arm's server that died in an earlier cell, if one did."""
+    return next((m.lives[id(s)] for s in m.started[arm.slug]
+                 if m.lives[id(s)].exit_code is not None), None)
+
+
+def _run_cells(stage, serve: Callable, m: Measurement, stack: ExitStack,
+               exclusive: tuple[Arm, ...], servers: dict[str, Any], engine: str) -> None:
+    """Every cell of ``m.order``, an exclusive arm's server started for its block (the one up
+    before it stopped first); stops at an exclusive server with a problem (``m.broken``)."""
+    one = len(m.arms) == 1
+    order, shapes = m.order, m.shapes
+    mmap_dir = stage.path(sweep.MMAP_FOLDER)
+    up: Arm | None = None  # the exclusive arm whose server is up
+    arm_stack = ExitStack()
+    stack.callback(lambda: arm_stack.close())  # whichever exclusive server is up at the end
+    try:
+        for index, (repeat, concurrency, arm, shape) in enumerate(
+                (o if len(o) == 4 else (*o, shapes[0])) for o in order):
+            cell, name = sweep.Cell(repeat, concurrency), cell_arm(arm, shape, shapes)
+            gone = _gone_life(m, arm)
+            if gone:  # its server died in an earlier cell: the arm is not started again
+                stage.add(skip(f"{cell.label(name)}: measured", gone.not_run()))
+                if not one:
+                    print(f"[{index + 1}/{len(order)}] repeat {repeat} c{concurrency} "
+                          f"{arm.name}: not run, its server is gone", flush=True)
+                continue
+            if arm in exclusive and up != arm:
+                arm_stack.close()  # the previous DeepEP server is gone before the next starts
+                arm_stack, up = ExitStack(), arm
+                start = len(m.started[arm.slug]) + 1
+                server = servers[arm.slug] = _serve_arm(stage, serve, m, arm_stack, arm, start)
+                problem = server_problem(server)
+                if problem:
+                    m.broken.append((arm.slug, start, problem))
+                    return
+            server = servers[arm.slug]
+            _one_cell(stage, m, server, cell, arm, shape, name, engine,
+                      f"[{index + 1}/{len(order)}]", mmap_dir)
+    finally:  # AIPerf's datasets (a plan started nothing: nothing to remove)
+        if not stage.door.planning:
+            stage.door.run(["rm", "-rf", str(mmap_dir)], timeout=60, check=False)
 
 
 def _one_cell(stage, m: Measurement, server, cell: sweep.Cell, arm: Arm, shape: Shape,

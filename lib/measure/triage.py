@@ -314,40 +314,42 @@ def _facts(lines: list[str], text: str) -> _LogFacts:
     return f
 
 
-def _events(source: str, text: str, *, ranks_per_node: int | None,
-            first_rank: int | None) -> list[Event]:
-    lines = log_lines(text)
-    facts = _facts(lines, text)
-    rpn = ranks_per_node or facts.ranks_per_node
-    events: list[Event] = []
-    open_tb: dict[str, dict] = {}     # process key -> {"lead": Event | None, "start": lineno}
-    last_event: dict[str, Event] = {}
-    pending_spawn: int | None = None
-    ts_now = None
-    elastic_rank = None
+# A line's writer as far as the log says: (rank, local rank, role, where the rank came from).
+_Who = tuple[int | None, int | None, str | None, str | None]
 
-    def global_of(local: int | None) -> tuple[int | None, str | None]:
+
+@dataclass
+class _LogScan:
+    """One log read line by line: its facts, and what a line leaves for the lines after it."""
+    source: str
+    lines: list[str]
+    facts: _LogFacts
+    rpn: int | None                   # ranks per node, for DeepEP's barrier lines
+    first_rank: int | None
+    events: list[Event] = field(default_factory=list)
+    open_tb: dict[str, dict] = field(default_factory=dict)  # process key -> {"lead", "start", ...}
+    last_event: dict[str, Event] = field(default_factory=dict)
+    pending_spawn: int | None = None
+    ts_now: tuple | None = None
+    elastic_rank: tuple[int, int] | None = None
+
+    def global_of(self, local: int | None) -> tuple[int | None, str | None]:
         if local is None:
             return None, None
-        if local in facts.local_rank:
-            return facts.local_rank[local], "torchrun's failure summary"
-        if first_rank is not None:
-            return first_rank + local, f"local rank {local} + this log's first rank {first_rank}"
+        if local in self.facts.local_rank:
+            return self.facts.local_rank[local], "torchrun's failure summary"
+        if self.first_rank is not None:
+            return (self.first_rank + local,
+                    f"local rank {local} + this log's first rank {self.first_rank}")
         return None, None
 
-    for lineno, raw in enumerate(lines, 1):
-        p = _parse(raw)
-        clean = _clean(raw)
-        if p.ts is not None:
-            ts_now = p.ts
-        elif m := _ELASTIC_TIME_RE.match(clean):
-            ts_now = _ts(*m.groups()[1:6])
-        if m := _ELASTIC_RANK_RE.match(clean):
-            elastic_rank = (int(m.group(1)), int(m.group(2)))
-        key = p.proc or (f"{p.nccl[0]}:{p.nccl[1]}" if p.nccl else "-")
-        payload = p.payload
+    def add(self, ev: Event) -> None:
+        self.events.append(ev)
+        self.last_event[ev.key] = ev
 
-        # where a line's rank comes from, most direct first
+    def who(self, p: _Parsed) -> _Who:
+        """Where a line's rank comes from, most direct first."""
+        facts, payload = self.facts, p.payload
         rank, local, role, rank_from = p.rank, p.local_rank, None, None
         if rank is not None:
             rank_from = f"the line's prefix [rank{rank}]"
@@ -371,9 +373,9 @@ def _events(source: str, text: str, *, ranks_per_node: int | None,
             rank, rank_from = int(m.group(1)), "ProcessGroupNCCL's [Rank N]"
         if rank is None and (m := _GIN_RE.search(payload)):
             scaleout, scaleup = int(m.group(2)), int(m.group(3))
-            if rpn:
-                rank = scaleout * rpn + scaleup
-                rank_from = f"DeepEP's scaleout {scaleout} x {rpn} + scaleup {scaleup}"
+            if self.rpn:
+                rank = scaleout * self.rpn + scaleup
+                rank_from = f"DeepEP's scaleout {scaleout} x {self.rpn} + scaleup {scaleup}"
             else:
                 role = f"scaleout {scaleout} scaleup {scaleup}"
         if rank is None and (m := _NVL_RE.search(payload)):
@@ -387,72 +389,105 @@ def _events(source: str, text: str, *, ranks_per_node: int | None,
         if rank is None and (m := _SPAWN_EXIT_RE.search(payload)):
             local = int(m.group(1))
         if rank is None and local is not None:
-            rank, rank_from = global_of(local)
+            rank, rank_from = self.global_of(local)
+        return rank, local, role, rank_from
+
+    def line(self, lineno: int, raw: str) -> None:
+        """One line: a traceback's header, a line inside an open traceback, or one on its own."""
+        p = _parse(raw)
+        clean = _clean(raw)
+        if p.ts is not None:
+            self.ts_now = p.ts
+        elif m := _ELASTIC_TIME_RE.match(clean):
+            self.ts_now = _ts(*m.groups()[1:6])
+        if m := _ELASTIC_RANK_RE.match(clean):
+            self.elastic_rank = (int(m.group(1)), int(m.group(2)))
+        key = p.proc or (f"{p.nccl[0]}:{p.nccl[1]}" if p.nccl else "-")
+        payload = p.payload
+        rank, local, role, rank_from = who = self.who(p)
 
         # tracebacks: the header opens one, the first unindented line after it closes it
         if _SPAWN_RAISED_RE.match(payload):
-            pending_spawn = int(_SPAWN_RAISED_RE.match(payload).group(1))
-            continue
-        tb = open_tb.get(key)
+            self.pending_spawn = int(_SPAWN_RAISED_RE.match(payload).group(1))
+            return
+        tb = self.open_tb.get(key)
         if _TRACEBACK_RE.match(payload):
-            prev = last_event.get(key)
+            prev = self.last_event.get(key)
             lead = prev if (prev and prev.generic and prev.exception is None
                             and lineno - prev.lineno <= 3) else None
-            open_tb[key] = {"lead": lead, "start": lineno, "ts": ts_now, "rank": rank,
-                            "local": local, "role": role, "rank_from": rank_from}
-            continue
+            self.open_tb[key] = {"lead": lead, "start": lineno, "ts": self.ts_now, "rank": rank,
+                                 "local": local, "role": role, "rank_from": rank_from}
+            return
         if tb is not None:
-            if not payload or payload[0].isspace() or _CHAIN_RE.match(payload):
-                continue
-            del open_tb[key]
-            kind = _classify(payload)
-            lead: Event | None = tb["lead"]
-            if lead is not None:
-                # the message vLLM logged before the traceback, judged by what was raised
-                lead.exception = (lineno, clean)
-                if kind != "error":
-                    lead.kind = kind
-                lead.generic = lead.lead_only = False
-                continue
-            ev = Event(source, tb["start"], lines[tb["start"] - 1], kind, key, tb["ts"],
-                       tb["rank"] if tb["rank"] is not None else rank,
-                       tb["local"] if tb["local"] is not None else local,
-                       tb["role"] or role, tb["rank_from"] or rank_from,
-                       exception=(lineno, clean))
-            if ev.rank is None and ev.local_rank is None and pending_spawn is not None:
-                ev.local_rank = pending_spawn
-                ev.rank, ev.rank_from = global_of(pending_spawn)
-                if ev.rank is None:
-                    ev.role = ev.role or f"spawned process {pending_spawn}"
-                pending_spawn = None
-            events.append(ev)
-            last_event[key] = ev
-            continue
+            self.traceback_line(tb, key, lineno, clean, payload, who)
+        else:
+            self.error_line(p, lineno, raw, clean, key, who)
 
+    def traceback_line(self, tb: dict, key: str, lineno: int, clean: str, payload: str,
+                       who: _Who) -> None:
+        """A line inside the traceback `key` opened: the first unindented one closes it, as its
+        lead line's exception or as an event of its own."""
+        rank, local, role, rank_from = who
+        if not payload or payload[0].isspace() or _CHAIN_RE.match(payload):
+            return
+        del self.open_tb[key]
+        kind = _classify(payload)
+        lead: Event | None = tb["lead"]
+        if lead is not None:
+            # the message vLLM logged before the traceback, judged by what was raised
+            lead.exception = (lineno, clean)
+            if kind != "error":
+                lead.kind = kind
+            lead.generic = lead.lead_only = False
+            return
+        ev = Event(self.source, tb["start"], self.lines[tb["start"] - 1], kind, key, tb["ts"],
+                   tb["rank"] if tb["rank"] is not None else rank,
+                   tb["local"] if tb["local"] is not None else local,
+                   tb["role"] or role, tb["rank_from"] or rank_from,
+                   exception=(lineno, clean))
+        if ev.rank is None and ev.local_rank is None and self.pending_spawn is not None:
+            ev.local_rank = self.pending_spawn
+            ev.rank, ev.rank_from = self.global_of(self.pending_spawn)
+            if ev.rank is None:
+                ev.role = ev.role or f"spawned process {self.pending_spawn}"
+            self.pending_spawn = None
+        self.add(ev)
+
+    def error_line(self, p: _Parsed, lineno: int, raw: str, clean: str, key: str,
+                   who: _Who) -> None:
+        """A line outside a traceback: an event when it reads as an error."""
+        rank, local, role, rank_from = who
+        payload = p.payload
         if p.level == "info":
-            continue
+            return
         if payload[:1].isspace() and p.level != "error" and not _ELASTIC_EXIT_RE.match(clean):
-            continue  # a continuation ("  what():  CUDA error: ..."), said by the line above it
+            return  # a continuation ("  what():  CUDA error: ..."), said by the line above it
         specific = bool(_SPECIFIC_RE.search(payload) or _EXCEPTION_RE.match(payload)
                         or (p.nccl and p.level == "error"))
         elastic_exit = _ELASTIC_EXIT_RE.match(clean)
         if elastic_exit:
             if int(elastic_exit.group(1)) == 0:
-                continue
-            if elastic_rank is not None:
-                rank, rank_from = elastic_rank[0], "torchrun's failure summary"
+                return
+            if self.elastic_rank is not None:
+                rank, rank_from = self.elastic_rank[0], "torchrun's failure summary"
             specific = True
         lead_only = bool(_LEAD_ONLY_RE.match(payload))
         if not specific and not lead_only and p.level != "error" and not _LEAD_RE.match(payload):
-            continue
+            return
         kind = _classify(payload)
-        ev = Event(source, lineno, raw, kind, key, ts_now, rank, local, role, rank_from,
-                   generic=not specific, lead_only=lead_only)
-        events.append(ev)
-        last_event[key] = ev
+        self.add(Event(self.source, lineno, raw, kind, key, self.ts_now, rank, local, role,
+                       rank_from, generic=not specific, lead_only=lead_only))
 
+
+def _events(source: str, text: str, *, ranks_per_node: int | None,
+            first_rank: int | None) -> list[Event]:
+    lines = log_lines(text)
+    facts = _facts(lines, text)
+    scan = _LogScan(source, lines, facts, ranks_per_node or facts.ranks_per_node, first_rank)
+    for lineno, raw in enumerate(lines, 1):
+        scan.line(lineno, raw)
     # a lead line ("Exception in thread X:") that opened no traceback is no error of its own
-    return [e for e in events if not e.lead_only]
+    return [e for e in scan.events if not e.lead_only]
 
 
 def _infer_ranks(events: list[Event]) -> None:
@@ -518,6 +553,53 @@ def _fmt_ts(ts: tuple | None) -> str | None:
     return text + (f".{micro:06d}" if micro else "")
 
 
+def _all_events(logs: Mapping[str, str], *, ranks_per_node: int | None,
+                first_rank: Mapping[str, int], ignore_after_shutdown: bool) -> list[Event]:
+    """Every log's events, in the logs' order, their ranks inferred and those after a log's
+    own shutdown marked (when asked)."""
+    every: list[Event] = []
+    for source, text in logs.items():
+        evs = _events(source, text, ranks_per_node=ranks_per_node,
+                      first_rank=first_rank.get(source))
+        _infer_ranks(evs)
+        if ignore_after_shutdown:
+            _mark_shutdown(log_lines(text), evs)
+        every += evs
+    return every
+
+
+def _first_of_each(counted: Sequence[Event], order: Mapping[str, int]) -> dict[tuple, Event]:
+    """Each actor's first event (its own log's order; across logs, by time)."""
+    first_of: dict[tuple, Event] = {}
+    for e in sorted(counted, key=lambda e: (e.ts is None, e.ts or (), order[e.source],
+                                            e.lineno)):
+        first_of.setdefault(_actor(e), e)
+    # within one log, position decides (timestamps there are whole seconds at best)
+    for e in counted:
+        a = _actor(e)
+        f = first_of[a]
+        if f.source == e.source and e.lineno < f.lineno:
+            first_of[a] = e
+    return first_of
+
+
+def _first_record(first: Event, lines: list[str], context: int) -> dict[str, Any]:
+    """`triage`'s ``first``: the error line and the lines around it, quoted from its log."""
+    # the error line: a traceback's last line when the error is one, else the line itself
+    at, text = first.exception if first.exception else (first.lineno, _clean(first.line))
+    lo, hi = max(1, at - context), min(len(lines), at + context)
+    ctx = [_quote(first.source, n, lines[n - 1]) for n in range(lo, hi + 1)]
+    return {
+        "rank": first.rank, "local_rank": first.local_rank, "role": first.role,
+        "source": first.source, "line_number": at, "line": text,
+        "quote": _quote(first.source, at, text), "context": ctx,
+        "block_start": first.lineno, "block_quote": first.quote(),
+        "exception": (_quote(first.source, *first.exception) if first.exception else None),
+        "kind": first.kind, "rank_from": first.rank_from, "timestamp": _fmt_ts(first.ts),
+        "who": _describe(first),
+    }
+
+
 def triage(logs: Mapping[str, str], *, ranks_per_node: int | None = None,
            first_rank: Mapping[str, int] | None = None, context: int = CONTEXT_LINES,
            ignore_after_shutdown: bool = True) -> dict[str, Any]:
@@ -542,30 +624,12 @@ def triage(logs: Mapping[str, str], *, ranks_per_node: int | None = None,
     ``after_shutdown_lines`` (not counted), ``ordered_by``, ``ambiguous`` (first errors of other
     logs that could not be ordered against it), ``sources``, ``events``.
     """
-    first_rank = dict(first_rank or {})
-    every: list[Event] = []
-    for source, text in logs.items():
-        evs = _events(source, text, ranks_per_node=ranks_per_node,
-                      first_rank=first_rank.get(source))
-        _infer_ranks(evs)
-        if ignore_after_shutdown:
-            _mark_shutdown(log_lines(text), evs)
-        every += evs
+    every = _all_events(logs, ranks_per_node=ranks_per_node, first_rank=dict(first_rank or {}),
+                        ignore_after_shutdown=ignore_after_shutdown)
     order = {s: i for i, s in enumerate(logs)}
     counted = [e for e in every if not e.after_shutdown]
     shutdown = [e for e in every if e.after_shutdown]
-
-    # each actor's first event (its own log's order; across logs, by time)
-    first_of: dict[tuple, Event] = {}
-    for e in sorted(counted, key=lambda e: (e.ts is None, e.ts or (), order[e.source],
-                                            e.lineno)):
-        first_of.setdefault(_actor(e), e)
-    # within one log, position decides (timestamps there are whole seconds at best)
-    for e in counted:
-        a = _actor(e)
-        f = first_of[a]
-        if f.source == e.source and e.lineno < f.lineno:
-            first_of[a] = e
+    first_of = _first_of_each(counted, order)
     firsts = list(first_of.values())
     causes = [e for e in firsts if e.kind in CAUSE_KINDS]
     pool = causes or [e for e in firsts if e.kind in SYMPTOM_KINDS]
@@ -580,20 +644,7 @@ def triage(logs: Mapping[str, str], *, ranks_per_node: int | None = None,
     if not pool:
         return result
     first, ordered_by, ambiguous = _earliest(pool, order)
-    lines = log_lines(logs[first.source])
-    # the error line: a traceback's last line when the error is one, else the line itself
-    at, text = first.exception if first.exception else (first.lineno, _clean(first.line))
-    lo, hi = max(1, at - context), min(len(lines), at + context)
-    ctx = [_quote(first.source, n, lines[n - 1]) for n in range(lo, hi + 1)]
-    result["first"] = {
-        "rank": first.rank, "local_rank": first.local_rank, "role": first.role,
-        "source": first.source, "line_number": at, "line": text,
-        "quote": _quote(first.source, at, text), "context": ctx,
-        "block_start": first.lineno, "block_quote": first.quote(),
-        "exception": (_quote(first.source, *first.exception) if first.exception else None),
-        "kind": first.kind, "rank_from": first.rank_from, "timestamp": _fmt_ts(first.ts),
-        "who": _describe(first),
-    }
+    result["first"] = _first_record(first, log_lines(logs[first.source]), context)
     result["symptoms_only"] = not causes
     mine = _actor(first)
     others = [e for e in counted if _actor(e) != mine]

@@ -117,6 +117,29 @@ def test_03_the_first_of_sixteen_ranks_to_die_is_named_and_the_timeouts_are_symp
     assert statuses(stage)["test_ep 128 tokens: test_ep exit code 0"] == "FAIL"
 
 
+def test_00_an_apply_the_api_server_refuses_is_a_fail_naming_the_context_and_the_command(
+        env, tmp_path):
+    """A namespace that does not exist: the real API server refuses the probes' apply. The
+    stage records one FAIL naming the context and `kubectl apply`, and its finish raises (the
+    notebook exits non-zero); nothing is left behind."""
+    from lib.core.errors import StageRefused
+    from lib.core.stage import REFUSED_GATE
+
+    env.probes()
+    stage = env.stage("00_cluster", tmp_path / "run", namespace="no-such-namespace")
+    data = cluster.run(stage)
+    assert "refused" in data
+    fails = [g for g in stage.gates if g.status == "FAIL"]
+    assert [g.gate for g in fails] == [REFUSED_GATE]
+    refused = fails[0]
+    assert refused.observed["where"] == "kubectl's current context (namespace no-such-namespace)"
+    assert refused.observed["command"].startswith("kubectl --namespace no-such-namespace apply -f ")
+    assert 'namespaces "no-such-namespace" not found' in refused.reason
+    with pytest.raises(StageRefused):
+        stage.finish()
+    assert env.objects_left() == []
+
+
 def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env, tmp_path):
     """32 EFA devices a pod (a p5's count) where the p5en nodes advertise 16: the real scheduler
     refuses, and says so. (More GPUs than an instance type has is refused before any effect.)"""

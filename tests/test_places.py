@@ -126,10 +126,15 @@ def test_01_opens_without_plan_mode_it_touches_no_place(tmp_path):
     assert open_stage("00_cluster", ns).door.planning
 
 
-def test_places_that_are_not_built_say_so_in_one_reason(tmp_path):
+def test_places_that_are_not_built_say_so_in_one_reason(tmp_path, monkeypatch):
+    from lib.core.errors import PlaceError
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))  # no Slurm answers
     stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "slurm"}),
                   tmp_path, Door(tmp_path, "03_kernel_test"), None)
-    with pytest.raises(Unsupported, match="neither is given"):  # no image, no venv: no call
+    # no image, no venv: a SKIP once the cluster answered (test_slurm_place); here none does,
+    # and that is said first, as the refusal it is
+    with pytest.raises(PlaceError, match="slurm's default partition: sinfo did not answer"):
         SlurmPlace(stage).run_ranks(RankJob("x", lambda n: [], lambda n: {}, 1))
     stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "kube"}),
                   tmp_path, Door(tmp_path, "03_kernel_test"), None)

@@ -304,6 +304,28 @@ KERNEL = {"ranks": 1, "venv": VENV, "hidden": 64, "num_tokens": 16, "num_experts
 
 
 @needs_slurm
+@pytest.mark.parametrize("given, said", [
+    ({"partition": "no-such-partition"}, "sinfo lists no node in it"),
+    ({"nodes": 3}, "the node probe was not allocated: sbatch refused"),  # two nodes here
+])
+def test_stage_00_a_refusal_of_the_real_slurm_is_a_fail_naming_the_partition(
+        cluster, tmp_path, given, said):
+    from lib.core.errors import StageRefused
+    from lib.core.stage import REFUSED_GATE
+
+    stage = slurm_stage(tmp_path, "00_cluster", {"gpus_per_node": 0, "efa_per_node": 0,
+                                                 **given})
+    data = stage00.run(stage)
+    assert "refused" in data
+    fails = [g for g in stage.gates if g.status == "FAIL"]
+    assert [g.gate for g in fails] == [REFUSED_GATE]
+    assert said in fails[0].reason, fails[0].reason
+    assert fails[0].observed["where"].startswith("slurm")
+    with pytest.raises(StageRefused):
+        stage.finish()
+    assert_nothing_left(cluster)
+
+
 def test_stage_03_runs_across_the_two_nodes_and_replays(cluster, tmp_path):
     stage = slurm_stage(tmp_path, "03_kernel_test", KERNEL)
     data = kernel.run(stage)

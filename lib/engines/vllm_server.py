@@ -21,7 +21,7 @@ gates of ``lib.vllm_logs.assert_backend`` on the log read through ``door.read_te
 reads the recorded log): the manager vLLM actually built, the EP split, the prepare/finalize
 class, one "Application startup complete." per API server, no fallback / legacy buffer. When
 the server never got ready they are SKIP with that reason. On exit, normal or not, it is stopped
-by PID (its process group) with the gate ``server stopped`` (lib.serve.stop_server: exited, no
+by PID (its process group) with the gate ``server stopped`` (lib.engines.server.stop_server: exited, no
 process left, port closed); ``stage.on_exit`` holds a backstop.
 """
 from __future__ import annotations
@@ -37,8 +37,7 @@ from lib.engines import vllm_logs
 from lib.core.errors import DoorError
 from lib.core.evidence import Gate, gate, skip
 from lib.core.errors import ParameterError
-from lib.engines.transformers import (POLL_INTERVAL_S, Server, poll_until_ready,
-                       stop_server)
+from lib.engines.server import POLL_INTERVAL_S, Server, poll_until_ready, stop_server
 from lib.engines.vllm_args import vllm_serve
 
 LOG_NAME = "vllm.log"

@@ -27,7 +27,8 @@ from lib.core import evidence
 from lib.engines import vllm_logs
 from lib.core.door import REPO_ROOT
 from lib.core.evidence import Gate, gate, skip
-from lib.engines.transformers import Server, pinned, server_rss
+from lib.engines.server import Server, server_rss
+from lib.engines.transformers import pinned
 
 AIPERF = REPO_ROOT / ".venv-aiperf" / "bin" / "aiperf"
 RSS_LIMIT_BYTES = int(1.5 * 1024 ** 3)  # 1.5 GiB

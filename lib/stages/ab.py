@@ -43,7 +43,7 @@ def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: i
             enforce_eager=arm.enforce_eager, expert_parallel=arm.expert_parallel,
             num_comms=arm.num_comms,
             timeout_s=stage["server_timeout_s"], gate_prefix=gate_prefix, log_name=log_name,
-            gpus=gpus))
+            gpus=gpus, nodes=stage["nodes"]))
     serve.rss = place.server_rss  # what the loop reads of a server's memory
     return serve
 

@@ -64,7 +64,7 @@ import pandas as pd
 from lib import places
 from lib.core.evidence import Gate, gate, skip
 from lib.core.stage import Stage
-from lib.engines import transformers as serve
+from lib.engines import server as serve
 from lib.measure import serving, stats
 from lib.measure.serving import Arm
 from lib.places import Unsupported

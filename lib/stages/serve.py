@@ -21,7 +21,7 @@ from typing import Any
 from lib import places
 from lib.core.evidence import skip
 from lib.core.stage import Stage
-from lib.engines import transformers as serve
+from lib.engines import server as serve
 from lib.places import ServeSpec, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -53,7 +53,8 @@ def run(stage: Stage) -> dict[str, Any]:
     if engine == "vllm":
         return run_vllm(stage, place, model, data)
     try:
-        with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"])) as server:
+        with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"],
+                                   nodes=stage["nodes"])) as server:
             data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                         log=stage.rel(server.log_path))
             if server.ready:
@@ -91,7 +92,8 @@ def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -
         gpus = place.gpus()
         data.update(gpus=gpus * stage["nodes"], backend=backend)  # DP = EP over every node
         with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
-                                   timeout_s=stage["server_timeout_s"], gpus=gpus)) as server:
+                                   timeout_s=stage["server_timeout_s"], gpus=gpus,
+                                   nodes=stage["nodes"])) as server:
             data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
                         log=stage.rel(server.log_path), startup_s=server.startup_s,
                         argv=[stage.door.norm(a) for a in server.argv], env=server.env,

@@ -32,7 +32,7 @@ import pandas as pd
 from lib import places
 from lib.core.evidence import gate, skip
 from lib.core.stage import Stage
-from lib.engines import transformers as serve
+from lib.engines import server as serve
 from lib.measure import serving, sweep
 from lib.places import Unsupported
 from lib.stages import ab

@@ -59,4 +59,4 @@ from lib.places.manifests.serve import (  # noqa: F401
     DP_RPC_PORT, MODEL_CACHE_PATH, POD_NAME_LABEL, READINESS_PERIOD_S, SERVE_STAGE,
     EngineCommands, ServeRender, engine_commands, entrypoint_script, pinned_model_default,
     render_entrypoint, serve_argv, serve_render, statefulset_objects, vllm_objects,
-    vllm_process_regex, worker_probe_script)
+    worker_probe_script)

@@ -9,9 +9,9 @@ the checked values and what runs on each node. Every renderer reads that one ren
 - `entrypoint_script`: the container's bash script, which finds its ordinal and execs its argv;
 - `serve_argv`: one ordinal's (argv, env), as the entrypoint runs it.
 
-The engine's part (each node's argv and env, the revision flags, the process a worker's
-readiness looks for) is `engine_commands` alone, from lib.engines.vllm_args.vllm_serve, the one
-vLLM builder.
+The engine's part (each node's argv and env, the process a worker's readiness looks for) is
+`engine_commands` alone, which asks the engine the stage names (lib.engines.base's protocol;
+vLLM by default): no engine flag is named here.
 
 One read, nothing else: pins.yaml's `model` pin (`pinned_model_default`), for the model and its
 revision when the parameters name none. Otherwise pure: parameters in, plain dicts out.
@@ -28,7 +28,8 @@ from lib.core.errors import ParameterError
 from lib.core.params import MODEL_ID_RULE
 from lib.engines.model_facts import check_ep_divides, routed_experts
 from lib.engines.transport import DEFAULT_PLUGIN_PATH, unset_vars
-from lib.engines.vllm_args import CLI_MODULE, MAX_EP_NUM_COMMS, vllm_serve
+from lib.engines import catalog
+from lib.engines.base import EngineSpec, process_regex
 from lib.places.instances import DEFAULT_INSTANCE_TYPE
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
                                          HTTP_PORT, HTTP_SERVICE_SUFFIX, HUGEPAGES_2MI,
@@ -126,51 +127,33 @@ def _model_and_revision(model: str | None, model_revision: str | None) -> tuple[
     return model, model_revision or None
 
 
-def engine_commands(*, model: str, model_revision: str | None, backend: str, nodes: int,
-                    gpus: int, address: str, rpc_port: int, port: int, enforce_eager: bool,
-                    max_model_len: int | None, gpu_memory_utilization: float | None,
-                    ep_num_comms: int, plugin_path: str, num_experts: int | None,
-                    python: str | None) -> EngineCommands:
-    """The engine's part of a serve render, and the only vLLM-specific one: each node's argv
-    and the shared env from lib.engines.vllm_args.vllm_serve (0 the leader, k > 0 a headless
-    worker starting at rank k x gpus), vLLM's --revision/--tokenizer-revision, and the regex of
-    the serving process (vllm_process_regex). The engine protocol will replace this function
-    (with vllm_process_regex); until then nothing else in the package names a vLLM flag."""
-    if not isinstance(ep_num_comms, int) or isinstance(ep_num_comms, bool) \
-            or not 1 <= ep_num_comms <= MAX_EP_NUM_COMMS:
-        raise ParameterError("ep_num_comms", ep_num_comms, f"an integer in 1..{MAX_EP_NUM_COMMS}")
-    common = dict(model=model, backend=backend, dp_size=nodes * gpus, dp_size_local=gpus,
-                  dp_address=address, dp_rpc_port=rpc_port, port=port,
-                  enforce_eager=enforce_eager, max_model_len=max_model_len,
-                  gpu_memory_utilization=gpu_memory_utilization, ep_num_comms=ep_num_comms,
-                  transport="efa", plugin_path=plugin_path, num_experts=num_experts,
-                  python=python)
+def engine_commands(*, engine: str, model: str, model_revision: str | None, backend: str,
+                    nodes: int, gpus: int, address: str, rpc_port: int, port: int,
+                    enforce_eager: bool, max_model_len: int | None,
+                    gpu_memory_utilization: float | None, ep_num_comms: int, plugin_path: str,
+                    num_experts: int | None, python: str | None) -> EngineCommands:
+    """What the engine the stage names runs on each node (lib.engines.base's protocol: 0 the
+    leader, k > 0 a worker starting at rank k x gpus), the environment every node shares, and
+    the regex of its serving process. The package names no engine flag: the engine does."""
+    serving = catalog.engine(engine)
     argvs: dict[int, tuple[str, ...]] = {}
     envs: list[dict[str, str]] = []
+    spec = None
     for ordinal in range(nodes):
-        role = "leader" if ordinal == 0 else "worker"
-        argv, env = vllm_serve(role, dp_start_rank=ordinal * gpus, **common)
-        if model_revision:
-            # Weights and tokenizer both at the pinned revision (vLLM's --revision and
-            # --tokenizer-revision; vllm_serve takes no revision).
-            argv += ["--revision", model_revision, "--tokenizer-revision", model_revision]
+        spec = EngineSpec(
+            model=model, role="leader" if ordinal == 0 else "worker", nodes=nodes,
+            gpus_per_node=gpus, start_rank=ordinal * gpus, backend=backend,
+            enforce_eager=enforce_eager, ep_num_comms=ep_num_comms, port=port,
+            rendezvous=address, rpc_port=rpc_port, revision=model_revision, transport="efa",
+            python=python, plugin_path=plugin_path, num_experts=num_experts,
+            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+        argv, env = serving.command(spec)
         argvs[ordinal] = tuple(argv)
         envs.append(dict(env))
     assert len({frozenset(e.items()) for e in envs}) == 1, \
-        "vllm_serve gave the roles different environments"
+        f"engine {engine} gave the roles different environments"
     return EngineCommands(argvs=MappingProxyType(argvs), env=MappingProxyType(envs[0]),
-                          process_regex=vllm_process_regex(argvs[0]))
-
-
-def vllm_process_regex(argv: Sequence[str]) -> str:
-    """Part of engine_commands: a bash regex for the serve's process that cannot match the
-    probe's own command line: its first character in brackets (`[v]llm serve`: the probe's text
-    holds `[v]llm`, never `vllm`; the public review's fix for `pgrep -af 'vllm serve'` matching
-    itself)."""
-    words = ["vllm", "serve"] if list(argv[:2]) == ["vllm", "serve"] else [CLI_MODULE, "serve"]
-    text = " ".join(words)
-    escaped = re.sub(r"([.])", r"\\\1", text)
-    return f"[{escaped[0]}]{escaped[1:]}"
+                          process_regex=process_regex(serving.process_words(spec)))
 
 
 def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 2,
@@ -184,7 +167,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
                  hugepages_2mi: str | None = HUGEPAGES_2MI, cpu: str | None = None,
                  memory: str | None = None, tolerations: Sequence[Mapping[str, Any]] | None = None,
                  plugin_path: str = DEFAULT_PLUGIN_PATH, rpc_port: int = DP_RPC_PORT,
-                 port: int = HTTP_PORT) -> ServeRender:
+                 port: int = HTTP_PORT, engine: str = "vllm") -> ServeRender:
     """Every parameter of a serve rendering (as vllm_objects lists them), checked once, with
     each node's argv and env (engine_commands)."""
     nodes = _positive("nodes", nodes)
@@ -199,13 +182,13 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
     model_cache_dir = _abs_path("model_cache_dir", model_cache_dir)
     secret = _secret_name(hf_token_secret)
     check_ep_divides(model, nodes, gpus)
-    engine = engine_commands(
-        model=model, model_revision=model_revision, backend=backend, nodes=nodes, gpus=gpus,
+    commands = engine_commands(
+        engine=engine, model=model, model_revision=model_revision, backend=backend, nodes=nodes, gpus=gpus,
         address=rendezvous_host(name, namespace), rpc_port=rpc_port, port=port,
         enforce_eager=enforce_eager, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, ep_num_comms=ep_num_comms,
         plugin_path=plugin_path, num_experts=routed_experts(model), python=python)
-    env = dict(engine.env)
+    env = dict(commands.env)
     _no_token_values("env", env)
     env["HF_HOME"] = MODEL_CACHE_PATH
     cpu, memory = _cpu_memory(instance_type, cpu, memory)
@@ -213,8 +196,8 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         run_id=run_id, stage=stage, name=name, namespace=namespace, image=image, pull=pull,
         nodes=nodes, gpus=gpus, efa=efa, instance_type=instance_type, model=model,
         model_revision=model_revision, model_cache_dir=model_cache_dir, secret=secret,
-        backend=backend, argvs=engine.argvs, env=MappingProxyType(env),
-        process_regex=engine.process_regex, unset=tuple(unset_vars("efa")), port=port,
+        backend=backend, argvs=commands.argvs, env=MappingProxyType(env),
+        process_regex=commands.process_regex, unset=tuple(unset_vars("efa")), port=port,
         rpc_port=rpc_port, hugepages=hugepages_2mi, cpu=cpu, memory=memory,
         tolerations=None if tolerations is None else tuple(tolerations),
         privileged=backend.startswith("deepep"))
@@ -324,11 +307,12 @@ def _process_check(regex: str) -> str:
             "exit 1\n")
 
 
-def worker_probe_script(argv: Sequence[str]) -> str:
-    """A worker's readiness: some process's command line holds the serve's program words.
-    Plain bash over /proc (pgrep's procps is not in the guide's image: docker/Dockerfile installs
-    none), with the self-match guard of `vllm_process_regex`."""
-    return _process_check(vllm_process_regex(argv))
+def worker_probe_script(regex: str) -> str:
+    """A worker's readiness: some process's command line matches the engine's process regex
+    (ServeRender.process_regex, whose first character in brackets keeps it from matching the
+    probe itself). Plain bash over /proc (pgrep's procps is not in the guide's image:
+    docker/Dockerfile installs none)."""
+    return _process_check(regex)
 
 
 def _serve_container(render: ServeRender, *, script: str, leader_probe: bool | None,

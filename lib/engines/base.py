@@ -1,0 +1,106 @@
+"""What a place asks of the engine a stage names: the one protocol every engine answers.
+
+The flow is stage -> place -> engine: a stage names its engine (`-p engine`), a place renders
+and launches whatever engine that is, and neither names an engine's flags (tests/test_layers.py
+walks their syntax trees). For one serving process (`EngineSpec`: the model, DP/EP/TP over
+nodes x GPUs, the backend, eager or graphs, ports, the role and start rank) an engine gives:
+
+    command(spec)            -> (argv, env): the process and the variables it sets (the
+                                transport contract of lib.engines.transport, reused)
+    process_words(spec)      -> the words of its command line a process list shows (a probe
+                                that looks for it must not match itself: lib.places.manifests)
+    ready_path               -> the GET that answers 200 once it serves
+    endpoints, metrics_path  -> what it serves (OpenAI routes; Prometheus text, or None)
+    log_gates(leader, logs, spec, ...) -> what its logs prove (the backend it built, the EP
+                                split, every rank's NCCL init and EFA provider, no silent
+                                fallback); None when its logs prove no backend
+    first_fatal(text)        -> the first fatal line of a log, or None
+    crashed_step(text)       -> the step a log died at (what it was running), or None
+
+An engine a place cannot run is the place's SKIP (`Place.engines`); an engine no pin set pins
+is a parameter error (lib.stages.registry).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+ROLES = ("leader", "worker", "local")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One serving process: what any engine needs to render it.
+
+    `role`: 'leader' (node 0 of a multi-node serve: HTTP and the rendezvous), 'worker' (node
+    k > 0, no HTTP, ranks from `start_rank`), or 'local' (one machine, its GPUs the ranks).
+    DP = EP = nodes x gpus_per_node with TP 1 (the public reproduction's layout)."""
+    model: str
+    role: str = "local"
+    nodes: int = 1
+    gpus_per_node: int = 1
+    start_rank: int = 0
+    backend: str = "allgather_reducescatter"
+    enforce_eager: bool = True
+    expert_parallel: bool = True
+    ep_num_comms: int = 1
+    port: int = 8000
+    rendezvous: str | None = None  # the leader's address (leader and workers)
+    rpc_port: int | None = None
+    revision: str | None = None  # weights and tokenizer at this commit (None: the default)
+    transport: str = "efa"  # lib.engines.transport's contract for its GPU processes
+    python: str | None = None  # the interpreter to run it with (None: its console script)
+    plugin_path: str | None = None  # the aws-ofi-nccl plugin's folder (None: the default)
+    num_experts: int | None = None  # the model's routed experts (the EP split checks them)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    served_model_name: str | None = None
+    device: str = "cuda"
+    cores: str | None = None  # CPU cores to pin it to (this machine only)
+    host: str | None = None  # the address it listens on (None: the engine's default)
+    console_script: str | None = None  # its program as the nodes run it (None: this machine's)
+    nccl_site: str | None = None  # a site folder whose NCCL it preloads (None: its own)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def dp_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class Engine:
+    """An engine's defaults; each engine module subclasses it (lib.engines.catalog lists them)."""
+
+    name = "?"
+    ready_path = "/v1/models"
+    endpoints = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+    metrics_path: str | None = None
+    # whether its logs prove which all-to-all backend it built (log_gates gives gates)
+    proves_backend = False
+
+    def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError(f"engine {self.name} renders no command")
+
+    def process_words(self, spec: EngineSpec) -> list[str]:
+        """The words of its command line that name it (e.g. `vllm serve`)."""
+        raise NotImplementedError(f"engine {self.name} names no process")
+
+    def log_gates(self, leader: str, logs: Mapping[str, str], spec: EngineSpec, *,
+                  log_name: str, evidence: list[str], api_servers: int) -> list[dict] | None:
+        """What the logs prove: the leader's log (the backend is logged by rank 0 only) and
+        every process's log by its evidence name. None: its logs prove no backend."""
+        return None
+
+    def first_fatal(self, text: str) -> str | None:
+        return None
+
+    def crashed_step(self, text: str) -> dict | None:
+        return None
+
+
+def process_regex(words: list[str]) -> str:
+    """A bash regex for a process whose command line holds `words`, that cannot match the
+    probe's own command line: its first character in brackets (`[v]llm serve`: the probe's text
+    holds `[v]llm`, never `vllm`; the public review's fix for `pgrep -af 'vllm serve'` matching
+    itself)."""
+    text = " ".join(words).replace(".", "\\.")
+    return f"[{text[0]}]{text[1:]}"

@@ -1,0 +1,71 @@
+"""vLLM as an engine (lib.engines.base): its argv and env from the one builder
+(lib.engines.vllm_args.vllm_serve), its log gates from lib.engines.vllm_logs.
+
+What its logs prove on a cluster: the all-to-all manager vLLM built, its prepare/finalize and
+the EP split (vLLM logs those from rank 0 only: the leader's log), eager or graphs, every API
+server up, and over every process's log: no legacy DeepEP buffer, NCCL's init on every DP rank,
+NCCL's EFA provider on every DP rank.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from lib.engines import vllm_logs
+from lib.engines.base import Engine, EngineSpec
+from lib.engines.transport import DEFAULT_PLUGIN_PATH
+from lib.engines.vllm_args import CLI_MODULE, vllm_serve
+
+# vLLM 0.24.0's routes: its log lists "Route: /health, Methods: GET" and /metrics
+READY_PATH = "/health"
+METRICS_PATH = "/metrics"
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+    ready_path = READY_PATH
+    metrics_path = METRICS_PATH
+    proves_backend = True
+
+    def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
+        """One process of the serve (lib.engines.vllm_args checks the request), with weights
+        and tokenizer both at `revision` when one is pinned."""
+        argv, env = vllm_serve(
+            spec.role, model=spec.model, served_model_name=spec.served_model_name,
+            backend=spec.backend, dp_size=spec.dp_size, dp_size_local=spec.gpus_per_node,
+            dp_start_rank=spec.start_rank, dp_address=spec.rendezvous,
+            dp_rpc_port=spec.rpc_port, port=spec.port, enforce_eager=spec.enforce_eager,
+            max_model_len=spec.max_model_len,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            ep_num_comms=spec.ep_num_comms, transport=spec.transport, nccl_site=spec.nccl_site,
+            extra_env=dict(spec.extra_env) or None, num_experts=spec.num_experts,
+            python=spec.python, plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH,
+            expert_parallel=spec.expert_parallel)
+        if spec.revision:
+            # vllm_serve takes no revision: --revision and --tokenizer-revision, both pinned
+            argv += ["--revision", spec.revision, "--tokenizer-revision", spec.revision]
+        return argv, env
+
+    def process_words(self, spec: EngineSpec) -> list[str]:
+        return [CLI_MODULE, "serve"] if spec.python else ["vllm", "serve"]
+
+    def log_gates(self, leader: str, logs: Mapping[str, str], spec: EngineSpec, *,
+                  log_name: str, evidence: list[str], api_servers: int) -> list[dict]:
+        # API servers: the leader's, one per local DP rank (vLLM's api_server_count default)
+        gates = vllm_logs.assert_backend(leader, spec.backend, dp_size=spec.dp_size,
+                                         num_experts=spec.num_experts, log_name=log_name,
+                                         api_servers=api_servers)
+        gates.append(vllm_logs.compile_mode_gate(leader, spec.enforce_eager, log_name=log_name))
+        every = "\n".join(logs.values())
+        sources = ", ".join(evidence)
+        # the no-legacy gate over every process's log, not the leader's alone
+        gates = [vllm_logs.no_legacy_gate(every, spec.backend, log_name=sources)
+                 if g["gate"] == "vllm_no_fallback_no_legacy_buffer" else g for g in gates]
+        gates.append(vllm_logs.per_rank_nccl(every, spec.dp_size, log_name=sources))
+        gates.append(vllm_logs.efa_provider_per_rank(every, spec.dp_size, log_name=sources))
+        return gates
+
+    def first_fatal(self, text: str) -> str | None:
+        return vllm_logs.first_fatal_line(text)
+
+    def crashed_step(self, text: str) -> dict | None:
+        return vllm_logs.crashed_step(text)

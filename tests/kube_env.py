@@ -32,7 +32,7 @@ except ImportError:
 
 from lib.core.door import REPO_ROOT, Door
 from lib.core.stage import Stage
-from lib.engines import transformers
+from lib.engines import server as served
 from lib.measure import agreement, sweep
 from lib.places import kube as kube_place
 from lib.places import manifests
@@ -163,11 +163,11 @@ class KubeEnv:
         chat = json.loads((RECORDED_RUN / "chat_response.json").read_text())
         chat["model"] = model
         chat_request = {"model": model, "max_tokens": 16, "messages": [
-            {"role": "user", "content": transformers.CHAT_PROMPT}]}
+            {"role": "user", "content": served.CHAT_PROMPT}]}
         execs = {
-            exec_request("GET", url + "/v1/models", transformers.PROBE_TIMEOUT_S, None):
+            exec_request("GET", url + "/v1/models", served.PROBE_TIMEOUT_S, None):
                 Exec(json.dumps({"status": 200, "body": json.dumps(models), "error": None})),
-            exec_request("POST", url + "/v1/chat/completions", transformers.CHAT_TIMEOUT_S,
+            exec_request("POST", url + "/v1/chat/completions", served.CHAT_TIMEOUT_S,
                          chat_request):
                 Exec(json.dumps({"status": 200, "body": json.dumps(chat), "error": None})),
             ("env", "HF_HUB_OFFLINE=1", "python3", "-c", kube_place._CONFIG_SCRIPT, model,

@@ -188,3 +188,89 @@ def test_every_cluster_side_stage_asks_its_place(stage):
 
     path = LIB / "stages" / f"{registry.SPECS[stage].module}.py"
     assert "places.for_stage(" in path.read_text()
+
+
+# ---- no stage or place names an engine's flag (lib.engines.base) ------------------------------
+def engine_flags() -> dict[str, set[str]]:
+    """Every flag an engine renders, over specs that reach each of its branches (leader, worker,
+    one machine; EP on and off; eager and graphs; a pinned revision; memory limits)."""
+    from lib.engines import catalog
+    from lib.engines.base import EngineSpec
+
+    common = dict(model="org/model", max_model_len=2048, gpu_memory_utilization=0.5,
+                  served_model_name="m", backend="deepep_v2")
+    specs = [
+        EngineSpec(role="leader", nodes=2, gpus_per_node=8, rendezvous="a", rpc_port=29570,
+                   revision="a" * 40, **common),
+        EngineSpec(role="worker", nodes=2, gpus_per_node=8, start_rank=8, rendezvous="a",
+                   rpc_port=29570, enforce_eager=False, **common),
+        EngineSpec(role="local", gpus_per_node=2, expert_parallel=False, cores="0", **common),
+    ]
+    flags: dict[str, set[str]] = {}
+    for engine in catalog.ENGINES.values():
+        for spec in specs:
+            argv, _ = engine.command(spec)
+            for token in argv:
+                if token.startswith("--"):
+                    flags.setdefault(token, set()).add(engine.name)
+    return flags
+
+
+def flags_named(path: Path, flags) -> list[str]:
+    """String constants of a module that are an engine flag, or start with one (`--port 8000`,
+    `--port=8000`): code that builds an engine's argv. Prose that mentions a flag is not."""
+    where = path.relative_to(LIB) if path.is_relative_to(LIB) else path.name
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            head = node.value.strip().split(" ", 1)[0].split("=", 1)[0]
+            if head in flags:
+                found.append((node.lineno, node.col_offset, f"{where}:{node.lineno} {head}"))
+    return [text for *_, text in sorted(found)]
+
+
+def test_no_stage_or_place_module_names_an_engine_flag():
+    flags = engine_flags()
+    assert {"--all2all-backend", "--enable-expert-parallel", "--headless",
+            "--continuous-batching"} <= set(flags)  # both engines' flags are known
+    modules = sorted([*(LIB / "stages").glob("*.py"), *(LIB / "places").rglob("*.py")])
+    assert len(modules) > 15
+    assert [f for p in modules for f in flags_named(p, flags)] == []
+
+
+def test_the_flag_check_finds_an_engine_flag(tmp_path):
+    """The FAIL path of the check above: an argv built in a place module."""
+    place = tmp_path / "place.py"
+    place.write_text('"""Serves with --headless workers (prose: not a finding)."""\n'
+                     'argv = ["vllm", "serve", "--headless", "--port=8000"]\n'
+                     'more = "--data-parallel-size 16"\n')
+    assert flags_named(place, engine_flags()) == [
+        "place.py:2 --headless", "place.py:2 --port", "place.py:3 --data-parallel-size"]
+
+
+# ---- sizes a newcomer can read ------------------------------------------------------------------
+PLACE_MODULE_MAX_LINES = 500
+FUNCTION_MAX_LINES = 80
+
+
+def long_functions(path: Path, limit: int = FUNCTION_MAX_LINES) -> list[str]:
+    """Functions of a module longer than `limit` lines (decorators not counted)."""
+    return [f"{path.name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_function_in_lib_is_over_80_lines_and_no_place_module_over_500():
+    assert [f for p in sorted(LIB.rglob("*.py")) for f in long_functions(p)] == []
+    places = sorted((LIB / "places").rglob("*.py"))
+    assert len(places) > 10
+    sizes = {str(p.relative_to(LIB)): len(p.read_text().splitlines()) for p in places}
+    assert {p: n for p, n in sizes.items() if n > PLACE_MODULE_MAX_LINES} == {}
+
+
+def test_the_size_checks_find_a_long_function(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("def short():\n    return 1\n\n\ndef long():\n"
+                    + "".join(f"    x{k} = {k}\n" for k in range(80)) + "    return 0\n")
+    assert long_functions(long) == ["long.py:5 long (82 lines)"]

@@ -31,6 +31,7 @@ from lib.core.door import Door
 from lib.core.stage import Stage
 from lib.engines import models
 from lib.engines import transformers as serve
+from lib.engines import server as served
 from lib.measure import aiperf as aiperf_export
 from lib.measure import sweep
 from lib.stages import registry as params
@@ -58,10 +59,10 @@ def forced_chat(stage, server, tokens: int) -> tuple[float, int]:
     """One chat answer of exactly `tokens` tokens (min_new_tokens = max_tokens, the sweep's way of
     forcing a length on transformers serve): (seconds, completion tokens)."""
     body = {"model": server.model_dir, "max_tokens": tokens,
-            "messages": [{"role": "user", "content": serve.CHAT_PROMPT}],
+            "messages": [{"role": "user", "content": served.CHAT_PROMPT}],
             **json.loads(sweep.forced_length_inputs("transformers", tokens))}
     answer = server.request(stage.door, "POST", "/v1/chat/completions",
-                            timeout=serve.CHAT_TIMEOUT_S, json_body=body)
+                            timeout=served.CHAT_TIMEOUT_S, json_body=body)
     assert answer.status == 200, (answer.status, answer.error, answer.body[:300])
     return answer.duration_s, json.loads(answer.body)["usage"]["completion_tokens"]
 
@@ -113,13 +114,13 @@ def test_load_holds_and_every_timeout_is_counted(tmp_path):
 
         # ---- no crash: the same process still answers /health and a chat request
         assert stage.door.poll(server.proc) is None, "the server exited under the load"
-        health = server.request(stage.door, "GET", "/health", timeout=serve.PROBE_TIMEOUT_S)
+        health = server.request(stage.door, "GET", "/health", timeout=served.PROBE_TIMEOUT_S)
         assert (health.status, json.loads(health.body or "{}").get("status")) == (200, "ok"), \
             (health.status, health.body)
-        chat, _ = serve.chat_gate(stage, server)
+        chat, _ = served.chat_gate(stage, server)
         assert chat.status == "PASS", chat.reason
         assert "Traceback" not in server.log_path.read_text(errors="replace"), \
-            serve.log_tail(stage.door, server.log_path)
+            served.log_tail(stage.door, server.log_path)
 
     # ---- every request counted: the project's summary row
     frame = aiperf_export.read_exports(out, arm="load")

@@ -476,7 +476,7 @@ def test_the_probe_reads_this_machines_own_sys_and_meminfo():
 # ---- the worker probe cannot match itself ---------------------------------------------------------
 def test_the_worker_probe_finds_vllm_and_never_itself():
     argv, _ = mf.serve_argv(1, **SERVE)
-    probe = mf.worker_probe_script(argv)
+    probe = mf.worker_probe_script(mf.serve_render(**SERVE).process_regex)
     # the same probe without the brackets: it finds itself, with no vLLM running
     naive = probe.replace("re='[v]llm serve'", "re='vllm serve'")
     assert naive != probe

@@ -18,6 +18,7 @@ import pytest
 from lib.engines import models
 from lib.stages import registry as params
 from lib.engines import transformers as serve
+from lib.engines import server as served
 from lib.core.door import Door, read_transcript
 from lib.core.reaper import group_alive
 from lib.core.evidence import read_gates
@@ -202,9 +203,9 @@ def test_helpers():
     assert os.path.basename(serve.serve_argv("/m", 1)[0]) == "transformers"
 
 
-def _stop_a_server_with_a_grandchild(run_dir: Path) -> tuple[Stage, serve.Server, dict]:
+def _stop_a_server_with_a_grandchild(run_dir: Path) -> tuple[Stage, served.Server, dict]:
     """A real process group shaped like vLLM's: leader -> child -> grandchild (the worker),
-    the grandchild slow to exit on SIGTERM. Stopped through lib.serve.stop_server."""
+    the grandchild slow to exit on SIGTERM. Stopped through lib.served.stop_server."""
     stage = make_stage(run_dir)
     ready = run_dir / "worker.ready"
     worker = ("import pathlib, signal, sys, time\n"
@@ -219,8 +220,8 @@ def _stop_a_server_with_a_grandchild(run_dir: Path) -> tuple[Stage, serve.Server
             break
         time.sleep(0.05)
     assert ready.exists(), log.read_text()
-    server = serve.Server(model_dir="-", port=stage.door.free_port(), log_path=log, proc=proc)
-    stopped = serve.stop_server(stage, server)
+    server = served.Server(model_dir="-", port=stage.door.free_port(), log_path=log, proc=proc)
+    stopped = served.stop_server(stage, server)
     stage.add(stopped)
     return stage, server, stopped.as_dict()
 
@@ -235,7 +236,7 @@ def test_stop_gate_sees_the_whole_group_and_replays(tmp_path):
     replay = Stage("04_serve", stage.params, run_dir, Door(run_dir, "04_serve", replay=True),
                    run_dir)
     proc = replay.door.start(server.proc.argv, log_path=server.log_path)
-    again = serve.stop_server(replay, serve.Server(model_dir="-", port=replay.door.free_port(),
+    again = served.stop_server(replay, served.Server(model_dir="-", port=replay.door.free_port(),
                                                    log_path=server.log_path, proc=proc))
     assert again.as_dict()["observed"] == stopped["observed"]
 
@@ -261,7 +262,7 @@ def test_stop_gate_fails_on_a_group_left_behind(tmp_path):
         replay = Stage("04_serve", stage.params, run_dir,
                        Door(run_dir, "04_serve", replay=True), run_dir)
         proc = replay.door.start(server.proc.argv, log_path=server.log_path)
-        return serve.stop_server(replay, serve.Server(
+        return served.stop_server(replay, served.Server(
             model_dir="-", port=replay.door.free_port(), log_path=server.log_path,
             proc=proc)).as_dict()
 

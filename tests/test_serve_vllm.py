@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lib.stages import registry as params
-from lib.engines import transformers as serve
+from lib.engines import server as served
 from lib.engines import vllm_server as serve_vllm
 from lib.core.door import REPO_ROOT, Door, read_transcript
 from lib.core.errors import ParameterError
@@ -353,8 +353,8 @@ def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
                                 num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
                                 python=str(double), nccl_site=site) as server:
         assert server.ready, stage.gates
-        listed, _ = serve.models_gate(stage, server)
-        chat, answer = serve.chat_gate(stage, server)
+        listed, _ = served.models_gate(stage, server)
+        chat, answer = served.chat_gate(stage, server)
         stage.add(listed, chat)
     took = time.monotonic() - started
     gates = by_name(stage.gates)
@@ -408,7 +408,7 @@ def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
                                 num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
                                 python=str(double), nccl_site=site) as replayed:
         assert replayed.ready and replayed.port == server.port
-        again.add(serve.models_gate(again, replayed)[0], serve.chat_gate(again, replayed)[0])
+        again.add(served.models_gate(again, replayed)[0], served.chat_gate(again, replayed)[0])
     assert [g.as_dict() for g in again.gates] == [g.as_dict() for g in stage.gates]
     assert again.door.remaining() == 0
 

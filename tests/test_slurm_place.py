@@ -4,7 +4,7 @@
 that times out, an interrupted run; stage 04 with `transformers serve` as a step of an
 allocation and its replay, stage 05 with AIPerf as another step against it, the arms of an A/B
 in one allocation; afterwards nothing of a job is queued or alive. And the plan for slurm
-(lib.places.slurm.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
+(lib.places.slurm_plan.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
 scancel recorded, nothing run."""
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from lib.core.stage import Stage
 from lib.engines import transformers
 from lib.places import NodeNeeds, RankJob, ServeSpec, Unsupported, batch
 from lib.places.local import LocalPlace
-from lib.places.slurm import SlurmPlace, SlurmPlan
+from lib.places.plan import SlurmPlan
+from lib.places.slurm import SlurmPlace
 from lib.stages import cluster as stage00
 from lib.stages import kernel, registry
 from lib.stages import serve as stage04
@@ -306,7 +307,8 @@ KERNEL = {"ranks": 1, "venv": VENV, "hidden": 64, "num_tokens": 16, "num_experts
 @needs_slurm
 @pytest.mark.parametrize("given, said", [
     ({"partition": "no-such-partition"}, "sinfo lists no node in it"),
-    ({"nodes": 3}, "the node probe was not allocated: sbatch refused"),  # two nodes here
+    # two nodes here: Slurm queues it (PartitionNodeLimit) and it never starts
+    ({"nodes": 3, "schedule_timeout_s": 3}, "the node probe was not allocated: job "),
 ])
 def test_stage_00_a_refusal_of_the_real_slurm_is_a_fail_naming_the_partition(
         cluster, tmp_path, given, said):
@@ -552,8 +554,9 @@ def _answering_step(monkeypatch):
             " def do_GET(self):\n"
             "  self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
             "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
-    monkeypatch.setattr(transformers, "serve_argv", lambda model, port, cores=None, device="cpu":
-                        ["transformers", "-c", code, str(port)])
+    monkeypatch.setattr(transformers, "serve_argv",
+                        lambda model, port, cores=None, device="cpu", host="127.0.0.1",
+                        console_script=None: [console_script, "-c", code, str(port)])
     monkeypatch.setattr("lib.places.slurm.SlurmPlace._program",
                         lambda self, name: str(REPO_ROOT / ".venv" / "bin" / "python"))
 

@@ -14,7 +14,7 @@ from lib.measure import aiperf as aiperf_export
 from lib.core import evidence
 from lib.engines import models
 from lib.stages import registry as params
-from lib.engines import transformers as serve
+from lib.engines import server as served
 from lib.measure import sweep
 from lib.core.door import Door, read_transcript
 from lib.core.evidence import skip
@@ -194,7 +194,7 @@ def test_failed_requests_give_an_error_row_and_failing_gates(tmp_path):
                        {"concurrency": [1], "repeats": 1, "request_count": 3,
                         "requests_per_slot": 0, "warmup_requests": 0})
     port = stage.door.free_port()
-    nowhere = serve.Server(model_dir, port, stage.path("server.log"))
+    nowhere = served.Server(model_dir, port, stage.path("server.log"))
     cell = sweep.Cell(1, 1)
     run = sweep.run_cell(stage, nowhere, cell, engine="transformers",
                          mmap_dir=stage.path(sweep.MMAP_FOLDER))

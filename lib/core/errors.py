@@ -1,7 +1,11 @@
 """Every error the guide raises on purpose, in one module (so a low layer never imports a high
-one to raise, and a caller catches by meaning). Each message names what to change."""
+one to raise, and a caller catches by meaning). Each message names what to change. The modules
+that raise one re-export it where callers already import it. Not here: the two stops a signal
+raises (lib.core.stage.StageInterrupted, lib.runner.Interrupted), which are a signal's control
+flow (KeyboardInterrupt, BaseException), not errors, and live beside their handlers."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -17,6 +21,47 @@ class ParameterError(ValueError):
 
 class EvidenceError(RuntimeError):
     """Evidence could not be written without losing or overwriting what is recorded."""
+
+
+class RunNotIntact(EvidenceError):
+    """A recorded run that cannot be trusted as recorded: its files do not match SHA256SUMS, or
+    it has none. Such a run is refused (replay, the book's checks), never repaired."""
+
+    def __init__(self, run_dir: Path, message: str, problems: list):
+        self.run_dir, self.problems = Path(run_dir), list(problems)
+        super().__init__(message)
+
+
+class RunTampered(RunNotIntact):
+    """Files of a sealed run were modified, removed or added after it was sealed (or a writer's
+    temporary file was left in it); the message names every such file and what is wrong."""
+
+
+class RunUnsealed(RunNotIntact):
+    """The run has no SHA256SUMS: it was interrupted before it was sealed, so it is incomplete
+    and nothing can tell its files from files changed since."""
+
+
+class BookRefused(EvidenceError):
+    """The run asked for cannot be published: its evidence was changed after it was sealed."""
+
+
+REFUSAL_LINES = 50  # a refusal to publish lists this many findings, then counts the rest
+
+
+class PublishRefused(RuntimeError):
+    """What would be published holds identities; the message lists each one (masked)."""
+
+    def __init__(self, root: Path, findings: list):  # of lib.publish.scan.Finding
+        self.root, self.findings = Path(root), list(findings)
+        listed = [f"  {finding}" for finding in self.findings[:REFUSAL_LINES]]
+        rest = len(self.findings) - REFUSAL_LINES
+        if rest > 0:
+            listed.append(f"  ... and {rest} more")
+        super().__init__(
+            f"refusing to publish {self.root}: {len(self.findings)} identities found "
+            f"(path:line kind masked); remove or redact them in what the book is built from "
+            f"(the run's evidence, book/, the notebooks), then rebuild:\n" + "\n".join(listed))
 
 
 class DoorError(RuntimeError):
@@ -75,6 +120,26 @@ class PlaceError(RuntimeError):
     def observed(self) -> dict:
         """What the FAIL gate shows: where, the command and its exit code."""
         return {"where": self.where, "command": self.command, "exit_code": self.rc}
+
+
+class Unsupported(Exception):
+    """This place cannot do what the stage asked; str(exc) is the stage's SKIP reason."""
+
+
+class NotScheduled(Exception):
+    """A pod stayed Pending past schedule_timeout_s; str(exc) is the scheduler's own reason."""
+
+
+class NotAllocated(Exception):
+    """The allocation was refused, or did not start in time (the job cancelled already)."""
+
+    def __init__(self, reason: str, timed_out: bool = False):
+        super().__init__(reason)
+        self.timed_out = timed_out
+
+
+class StreamError(ValueError):
+    """The log holds no complete, intact block of the files asked for."""
 
 
 class StageRefused(RuntimeError):

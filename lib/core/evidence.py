@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from lib.core.errors import EvidenceError  # raised here; callers import it from here too
+from lib.core.errors import (EvidenceError, RunNotIntact, RunTampered,  # noqa: F401
+                             RunUnsealed)  # raised here; callers import them from here too
 
 STATUSES = ("PASS", "FAIL", "SKIP")
 # A terminal's colour and cursor codes (AIPerf colours its exit-error box): noise in a gate's
@@ -43,25 +44,6 @@ _SUMS_LINE = re.compile(r"([0-9a-f]{64})  (.+)")
 # Enough of a digest to tell two apart in a message.
 _DIGEST_SHOWN = 12
 SealState = Literal["sealed", "unsealed", "tampered"]
-
-
-class RunNotIntact(EvidenceError):
-    """A recorded run that cannot be trusted as recorded: its files do not match SHA256SUMS, or
-    it has none. Such a run is refused (replay, the book's checks), never repaired."""
-
-    def __init__(self, run_dir: Path, message: str, problems: list["SealProblem"]):
-        self.run_dir, self.problems = Path(run_dir), list(problems)
-        super().__init__(message)
-
-
-class RunTampered(RunNotIntact):
-    """Files of a sealed run were modified, removed or added after it was sealed (or a writer's
-    temporary file was left in it); the message names every such file and what is wrong."""
-
-
-class RunUnsealed(RunNotIntact):
-    """The run has no SHA256SUMS: it was interrupted before it was sealed, so it is incomplete
-    and nothing can tell its files from files changed since."""
 
 
 @dataclass

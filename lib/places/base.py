@@ -14,6 +14,15 @@ The protocol (every place subclasses Place; what it leaves unimplemented is Unsu
     serve(spec)                 -> a context manager yielding a Server (url, ready, logs, stop)
     run_job(argv, env, timeout) -> one process beside the server (AIPerf, a probe)
 
+A cluster place's Server (a ClusterServer: kube's pods, slurm's steps) also answers
+`run_aiperf(stage, argv_for, *, timeout, out, name)`: one AIPerf cell run where the server runs
+(a Job beside its pods, a step of its allocation), its files into `out`, a CallResult back;
+lib.measure.sweep asks it of any server that has it (else AIPerf runs here, through the door).
+`argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of AIPerf's argv.
+
+A place that only plans (`plans_only`: the plans of lib.places.plan) runs nothing: its door
+records what the place it plans for would run.
+
 `engine_default(resolved)` and `check_engine(resolved)` are asked before a stage opens (no door
 yet): the engine a stage serves with when its `engine` parameter is '' comes from the place.
 """
@@ -25,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lib.core.errors import Unsupported  # noqa: F401  (lib.places.Unsupported, as stages catch it)
 from lib.engines.transformers import Server
 
 
@@ -46,6 +56,11 @@ class ClusterServer(Server):
         return bool(self.backend_gates) and all(g["status"] == "PASS"
                                                 for g in self.backend_gates)
 
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+        """One AIPerf cell where this server runs, its files into `out` (a CallResult): every
+        cluster place's Server answers it (see the module's docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} runs no AIPerf")
+
 
 def saved_model_config(stage, call) -> tuple[dict | None, str | None]:
     """A served model's config.json as a cluster place read it (a command's output): kept as
@@ -57,10 +72,6 @@ def saved_model_config(stage, call) -> tuple[dict | None, str | None]:
         return json.loads(call.stdout), saved
     except ValueError:
         return None, saved
-
-
-class Unsupported(Exception):
-    """This place cannot do what the stage asked; str(exc) is the stage's SKIP reason."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,7 @@ class NodeNeeds:
 @dataclass
 class ServeSpec:
     """What a stage asks to have served; the place decides how (a process, a StatefulSet, an
-    allocation's steps). vLLM's argv and env always come from lib.engines.vllm_args."""
+    allocation's steps), with whichever engine it names (lib.engines.base: its argv and env)."""
     engine: str
     model: dict[str, Any]
     backend: str = "allgather_reducescatter"
@@ -126,6 +137,7 @@ class ServeSpec:
     gate_prefix: str = ""
     log_name: str | None = None
     gpus: int | None = None  # GPUs per node, when the stage asked already (else the place asks)
+    nodes: int = 1  # the nodes it spans (DP = EP = nodes x GPUs per node); 1 on one machine
 
 
 class Place:
@@ -133,6 +145,9 @@ class Place:
 
     kind = "?"
     what = "this place"
+    # whether this place only plans: its door records what would run, nothing is run (the
+    # plans of lib.places.plan); lib.places.plans(resolved) reads it
+    plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
     # the transport contract of lib.engines.transport its GPU processes get

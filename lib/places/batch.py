@@ -2,7 +2,7 @@
 script, the node probe script, and the parsers of what Slurm and the probe print back.
 
 Nothing here runs anything: lib.places.slurm sends these through the door, and a plan for
-slurm (lib.places.slurm.SlurmPlan) renders the same lines and scripts without a cluster. Every
+slurm (lib.places.slurm_plan.SlurmPlan) renders the same lines and scripts without a cluster. Every
 script rendered here is bash that shellcheck passes (tests/test_slurm_place.py runs it).
 
 The shapes:

@@ -17,6 +17,10 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   cluster (`kubectl exec` into the leader), never through a port opened on this machine.
 - `run_job(...)`: a Job (AIPerf) whose files come back through its log (lib.places.stream).
 
+What kubectl's JSON says of pods and nodes is read by lib.places.kube_pods (pure); what this
+place shares with the slurm place (the pinned model, the serve's log gates, the deadline loop)
+is lib.places.cluster; its plan is lib.places.kube_plan.KubePlan.
+
 A pod that cannot be scheduled FAILs with the scheduler's own reason after `schedule_timeout_s`.
 Every object carries the run's label; a stage deletes what it applied when it ends (unless
 `keep`), so nothing of a run is left behind.
@@ -24,31 +28,29 @@ Every object carries the run's label; a stage deletes what it applied when it en
 from __future__ import annotations
 
 import json
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from lib.core.door import CallResult, HttpResult
-from lib.core.errors import PlaceError
-from lib.core.evidence import Gate, gate, skip
-from lib.engines import vllm_logs
-from lib.engines.model_facts import routed_experts
+from lib.core.errors import NotScheduled, PlaceError, StreamError, Unsupported
+from lib.core.evidence import gate, skip
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 import lib.places.stream as stream
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
-                             Unsupported, saved_model_config)
+                             saved_model_config)
+from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE,
+                                gate_adder, pinned_model, serve_gates, wait_until)
+from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
+from lib.places.kube_pods import (exit_code, is_finished, is_ready, node_facts,
+                                  object_name, phase_of, pod_record, probe_facts,
+                                  stage_selector, unschedulable)
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
 DELETE_TIMEOUT_S = 300.0
-DEEPEP_IN_IMAGE = "/opt/DeepEP"  # docker/Dockerfile stages and builds DeepEP there
-# AIPerf in the image: `pip install --target /opt/aiperf` (docker/Dockerfile, layer 8), its
-# console script run with its packages on PYTHONPATH; flags checked against 0.10.0's wheel
-AIPERF_IN_IMAGE = "/opt/aiperf/bin/aiperf"
 VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
-AIPERF_ENV = {"PYTHONPATH": "/opt/aiperf", "HF_ENDPOINT": "http://127.0.0.1:9"}
 # What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
 # may not be. It prints {"status", "body", "error"} as one JSON line.
 _REQUEST_SCRIPT = (
@@ -61,15 +63,6 @@ _REQUEST_SCRIPT = (
     "except urllib.error.HTTPError as a: s,x,e=a.code,a.read().decode(),None\n"
     "except Exception as a: s,x,e=None,'',type(a).__name__+': '+str(a)\n"
     "print(json.dumps({'status':s,'body':x,'error':e}))\n")
-
-
-_CONFIG_SCRIPT = ("import sys\nfrom huggingface_hub import hf_hub_download\n"
-                  "print(open(hf_hub_download(sys.argv[1], 'config.json', revision=sys.argv[2]))"
-                  ".read())\n")
-
-
-class NotScheduled(Exception):
-    """A pod stayed Pending past schedule_timeout_s; str(exc) is the scheduler's own reason."""
 
 
 @dataclass
@@ -107,7 +100,6 @@ class KubeServer(ClusterServer):
 class KubePlace(Place):
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
-    applies = True  # a plan of this place (lib.places.plan.KubePlan) applies nothing
 
     def __init__(self, stage):
         super().__init__(stage)
@@ -236,27 +228,23 @@ class KubePlace(Place):
     def wait_pods(self, names: list[str], *, done: bool, timeout_s: float) -> dict[str, dict]:
         """Until every pod is Ready (done=False) or finished (done=True), or time is up. A pod
         Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason."""
-        door = self.door
-        started = door.now()
         schedule_by = self.stage["schedule_timeout_s"]
-        what = "finished" if done else "ready"
-        print(f"waiting up to {timeout_s:.0f} s for {len(names)} pod(s) {what}: "
-              f"{', '.join(names)}", flush=True)
-        while True:
+
+        def look(elapsed) -> tuple[bool, dict[str, dict]]:
             pods = self.pod_status(names)
-            elapsed = door.now() - started
+            waited = elapsed()
             pending = {n: unschedulable(p) for n, p in pods.items() if p and
                        p["status"].get("phase") == "Pending"}
             reasons = {n: r for n, r in pending.items() if r}
-            if reasons and elapsed >= schedule_by:
+            if reasons and waited >= schedule_by:
                 raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
             if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
-                return pods
-            if not done and any(p and is_finished(p) for p in pods.values()):
-                return pods  # a serve pod that exited will never be ready: the caller says why
-            if elapsed >= timeout_s:
-                return pods
-            door.sleep(POLL_S)
+                return True, pods
+            # a serve pod that exited will never be ready: the caller says why
+            return not done and any(p and is_finished(p) for p in pods.values()), pods
+
+        return wait_until(self.door, look, timeout_s, f"{len(names)} pod(s) "
+                          f"{'finished' if done else 'ready'}: {', '.join(names)}", poll_s=POLL_S)
 
     def pod_log(self, name: str, status: dict | None = None) -> str:
         """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder, with what its
@@ -347,20 +335,15 @@ class KubePlace(Place):
 
     # ---- serving --------------------------------------------------------------------------
     def model(self, engine: str, announce: bool = False):
+        """The cluster model named by its pin (lib.places.cluster.pinned_model): vLLM only."""
         if engine != "vllm":
             raise Unsupported("the kube place serves with vLLM (engine 'vllm')")
-        p = self.stage.params
-        experts = routed_experts(p["model"])
-        info = {"model_dir": p["model"], "revision": p["model_revision"],
-                "num_experts": experts, "config_hash": p["model_revision"],
-                "parameters": None, "seed": None, "built": False}
-        if announce:
-            print(f"serving {p['model']} at revision {p['model_revision']} (pins.yaml)",
-                  flush=True)
-        return info, gate("model named by its pin", bool(p["model"] and p["model_revision"]),
-                          {"model": p["model"], "revision": p["model_revision"],
-                           "routed_experts": experts}, {"revision": "40 hex"},
-                          "the nodes download it into model_cache_dir at this revision", [])
+        return pinned_model(self.stage.params, announce,
+                            "the nodes download it into model_cache_dir at this revision")
+
+    def _model_cache_dir(self) -> str:
+        """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given)."""
+        return self.stage.params.get("model_cache_dir") or ""
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:
@@ -369,36 +352,29 @@ class KubePlace(Place):
         `keep`, then the next stage's apply finds it as it is)."""
         stage, p = self.stage, self.stage.params
         name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else "vllm")
-        if not p.get("model_cache_dir"):
+        cache = self._model_cache_dir()
+        if not cache:
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
                               "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
         lws = p.get("workload") == "leaderworkerset"
-        if lws and self.applies:
+        if lws and not self.plans_only:
             raise Unsupported("workload leaderworkerset needs the LeaderWorkerSet controller in "
                               "the cluster; this guide renders and checks it (context plan) "
                               "and serves the StatefulSet (workload statefulset)")
         render = manifests.leaderworkerset_objects if lws else manifests.vllm_objects
         objects = render(
-            **self._where(), name=name, image=self._image(), nodes=p["nodes"],
-            model_cache_dir=p["model_cache_dir"], model=spec.model["model_dir"],
+            **self._where(), name=name, image=self._image(), nodes=spec.nodes,
+            model_cache_dir=cache, model=spec.model["model_dir"],
             model_revision=p["model_revision"], backend=spec.backend,
             ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
-            hf_token_secret=p["hf_token_secret"] or None)
+            hf_token_secret=p["hf_token_secret"] or None, engine=spec.engine)
         gpus = int(p["gpus_per_node"])
         server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                             stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
-                            backend=spec.backend, gpus=gpus * p["nodes"],
+                            backend=spec.backend, gpus=gpus * spec.nodes,
                             service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
-        server.pods = [f"{name}-{k}" for k in range(p["nodes"])]
-        prefix = f"{spec.gate_prefix}: " if spec.gate_prefix else ""
-
-        def add(g):
-            g = g if isinstance(g, Gate) else Gate(**g)
-            if prefix:
-                g = Gate(prefix + g.gate, g.status, g.observed, g.expected, g.reason, g.evidence)
-            server.gates.append(g)
-            stage.add(g)
-
+        server.pods = [f"{name}-{k}" for k in range(spec.nodes)]
+        add = gate_adder(stage, server, spec.gate_prefix)
         self.apply(objects, name)
         started = self.door.now()
         try:
@@ -420,14 +396,15 @@ class KubePlace(Place):
                      else "not ready within the timeout: the pods' logs are kept", evidence))
             if ready:
                 server.backend_gates = serve_gates(
-                    logs[server.pods[0]], logs, backend=spec.backend, dp_size=server.gpus,
+                    spec.engine, logs[server.pods[0]], logs, backend=spec.backend,
+                    nodes=spec.nodes, gpus_per_node=gpus,
                     num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
                     api_servers=gpus, log_name=evidence[0], evidence=evidence)
-                for g in server.backend_gates:
+                for g in server.backend_gates or []:
                     add(g)
             yield server
         finally:
-            if self.applies and not p.get("keep"):
+            if not self.plans_only and not p.get("keep"):
                 self.delete(name)
                 left = self.pod_status(server.pods)
                 add(gate("server stopped", not any(left.values()),
@@ -466,7 +443,7 @@ class KubePlace(Place):
             try:
                 stream.unpack(text, job_name, out)
                 note = ""
-            except stream.StreamError as why:
+            except StreamError as why:
                 note = f"\nthe job's files did not come back: {why}"
             rc = exit_code(pod)
             result = CallResult(argv, -1 if rc is None else rc, text, note,
@@ -479,143 +456,14 @@ class KubePlace(Place):
 
     def wait_job(self, name: str, *, timeout_s: float) -> dict | None:
         """The pod of Job `name` once it finished (None when none appeared in time)."""
-        door = self.door
-        started = door.now()
-        print(f"waiting up to {timeout_s:.0f} s for the job {name}", flush=True)
-        while True:
+        def look(elapsed) -> tuple[bool, dict | None]:
             got = self._json("get", "pods", "-l", f"job-name={name}")
             pods = (got or {}).get("items", [])
             pod = pods[0] if pods else None
-            elapsed = door.now() - started
+            waited = elapsed()
             if pod and is_finished(pod):
-                return pod
+                return True, pod
             reason = unschedulable(pod) if pod else None
-            if reason and elapsed >= self.stage["schedule_timeout_s"]:
-                return pod
-            if elapsed >= timeout_s:
-                return pod
-            door.sleep(POLL_S)
+            return bool(reason and waited >= self.stage["schedule_timeout_s"]), pod
 
-
-# ---- reading pods and nodes (pure) -------------------------------------------------------
-def node_facts(node: dict, versions: dict) -> dict[str, Any]:
-    """What `kubectl get nodes` says of one node, in the keys 00 gates."""
-    meta, status = node["metadata"], node.get("status") or {}
-    alloc = status.get("allocatable") or {}
-    ready = next((c["status"] == "True" for c in status.get("conditions") or []
-                  if c["type"] == "Ready"), False)
-    return {
-        "node": meta["name"],
-        "instance_type": (meta.get("labels") or {}).get(manifests.INSTANCE_TYPE_LABEL),
-        "ready": ready,
-        "taints": [f"{t['key']}:{t.get('effect')}" for t in
-                   (node.get("spec") or {}).get("taints") or []],
-        "cpu_cores": _cpu(alloc.get("cpu", "0")),
-        "memory_gib": round(_bytes(alloc.get("memory", "0")) / 2 ** 30, 1),
-        "gpus": [{"index": i} for i in range(int(alloc.get(manifests.GPU_RESOURCE, 0)))],
-        "efa_allocatable": int(alloc.get(manifests.EFA_RESOURCE, 0)),
-        "hugepages_2mi_bytes": _bytes(alloc.get("hugepages-2Mi", "0")),
-        "kubectl_client": (versions.get("clientVersion") or {}).get("gitVersion"),
-        "cluster_access": (f"kube-apiserver {(versions.get('serverVersion') or {}).get('gitVersion')}"
-                           if versions.get("serverVersion") else None),
-    }
-
-
-def object_name(what: str) -> str:
-    """A DNS-1123 name for a group of objects (`test_ep at 128 tokens` -> `test-ep-at-128-tokens`,
-    cut to the manifests' limit)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")
-    return slug[:manifests.NAME_MAX].rstrip("-") or "job"
-
-
-def stage_selector(run_id: str, stage: str) -> str:
-    """The objects of one stage of one run."""
-    found = manifests.labels(run_id, stage, "any")
-    return ",".join(f"{k}={found[k]}" for k in (manifests.RUN_LABEL, manifests.STAGE_LABEL))
-
-
-def probe_facts(probe: dict) -> dict[str, Any]:
-    """A node probe's findings (lib.places.manifests.parse_probe_log), in 00's keys."""
-    gdrdrv = probe.get("gdrdrv")
-    return {"gdrdrv_version": None if gdrdrv in (None, "absent", "unreadable") else gdrdrv,
-            "efa_devices": list(probe.get("efa_devices") or []),
-            "hugepages_total": probe.get("hugepages_total"),
-            "hugepage_size_kib": probe.get("hugepagesize_kb"),
-            "probe_complete": bool(probe.get("complete"))}
-
-
-def pod_record(pod: dict | None) -> dict[str, Any]:
-    """What a pod's status says, as evidence: its node, phase, and per container the exit code
-    and the image's pulled digest (imageID)."""
-    status = (pod or {}).get("status") or {}
-    return {"node": ((pod or {}).get("spec") or {}).get("nodeName"),
-            "phase": status.get("phase"),
-            "containers": [{"name": c.get("name"), "image": c.get("image"),
-                            "image_id": c.get("imageID"),
-                            "exit_code": ((c.get("state") or {}).get("terminated") or {}).get(
-                                "exitCode")} for c in status.get("containerStatuses") or []]}
-
-
-def unschedulable(pod: dict) -> str | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return c.get("message") or c.get("reason") or "unschedulable"
-    return None
-
-
-def is_ready(pod: dict | None) -> bool:
-    return bool(pod) and any(c.get("type") == "Ready" and c.get("status") == "True"
-                             for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def is_finished(pod: dict | None) -> bool:
-    return bool(pod) and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-def phase_of(pod: dict | None) -> str:
-    if not pod:
-        return "absent"
-    return (pod.get("status") or {}).get("phase") or "?"
-
-
-def exit_code(pod: dict | None) -> int | None:
-    for c in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        term = (c.get("state") or {}).get("terminated")
-        if term is not None:
-            return int(term.get("exitCode", -1))
-    return None
-
-
-def serve_gates(leader: str, logs: dict[str, str], *, backend: str, dp_size: int,
-                num_experts: int | None, enforce_eager: bool, api_servers: int, log_name: str,
-                evidence: list[str]) -> list[dict]:
-    """What the pods' logs prove: lib.engines.vllm_logs' backend gates on the leader's log (vLLM
-    logs them from rank 0 only), NCCL's EFA provider on every DP rank across every pod, no
-    legacy DeepEP buffer anywhere."""
-    # API servers: the leader's, one per local DP rank (vLLM's api_server_count default)
-    gates = vllm_logs.assert_backend(leader, backend, dp_size=dp_size, num_experts=num_experts,
-                                     log_name=log_name, api_servers=api_servers)
-    gates.append(vllm_logs.compile_mode_gate(leader, enforce_eager, log_name=log_name))
-    every = "\n".join(logs.values())
-    sources = ", ".join(evidence)
-    # the no-legacy gate over every pod's log, not the leader's alone
-    gates = [vllm_logs.no_legacy_gate(every, backend, log_name=sources)
-             if g["gate"] == "vllm_no_fallback_no_legacy_buffer" else g for g in gates]
-    gates.append(vllm_logs.per_rank_nccl(every, dp_size, log_name=", ".join(evidence)))
-    gates.append(vllm_logs.efa_provider_per_rank(every, dp_size, log_name=", ".join(evidence)))
-    return gates
-
-
-_UNITS = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "k": 10 ** 3,
-          "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12}
-
-
-def _bytes(quantity: str) -> int:
-    for unit, factor in _UNITS.items():
-        if quantity.endswith(unit):
-            return int(float(quantity[:-len(unit)]) * factor)
-    return int(float(quantity or 0))
-
-
-def _cpu(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity or 0)
+        return wait_until(self.door, look, timeout_s, f"the job {name}", poll_s=POLL_S)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from lib.core.errors import ParameterError
 from lib.core.evidence import gate, skip
-from lib.engines import transformers, vllm_server
+from lib.engines import server as served, transformers, vllm_server
 from lib.engines.devices import cuda_device_count
 from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec
 
@@ -193,14 +193,14 @@ class LocalPlace(Place):
 
     def read_model_config(self, server, model: dict[str, Any]):
         """The served model's config.json, here where it was built."""
-        return transformers.read_model_config(self.stage, model["model_dir"])
+        return served.read_model_config(self.stage, model["model_dir"])
 
     def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
         return self.door.run(argv, timeout=timeout_s, env=env, check=False)
 
     def server_rss(self, server) -> int | None:
         """Resident memory of a server's processes, from /proc through the door."""
-        return transformers.server_rss(self.door, server)
+        return served.server_rss(self.door, server)
 
     def build_image(self, *, dockerfile: Path, context: Path, tag: str, repo: Path) -> dict:
         """docker build where an engine answers (its whole log kept), then verify-image.sh in it."""

@@ -23,13 +23,11 @@ import shlex
 import tarfile
 from pathlib import Path
 
+from lib.core.errors import StreamError  # its home; lib.places.stream.StreamError too
+
 BEGIN = "=== guide-artifacts begin {name} ==="
 END = "=== guide-artifacts end {name} sha256={digest} ==="
 NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class StreamError(ValueError):
-    """The log holds no complete, intact block of the files asked for."""
 
 
 def pack_command(folder: str, name: str) -> str:

@@ -18,16 +18,13 @@ from pathlib import Path
 import nbformat
 
 from lib.core import evidence
+from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
 from lib.core.door import REPO_ROOT
 from lib.publish import cited, pages, scan
 from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
 PUBLIC_TREE = REPO_ROOT.parent / "shared" / "fixtures" / "public-repro" / "results"
-
-
-class BookRefused(evidence.EvidenceError):
-    """The run asked for cannot be published: its evidence was changed after it was sealed."""
 
 
 def public_tree():

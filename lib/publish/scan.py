@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.core import redact
+from lib.core.errors import REFUSAL_LINES, PublishRefused  # noqa: F401  raised here
 
 # Kinds, as printed in a refusal (one word each, so `path:line kind masked` splits on spaces).
 PRIVATE_IPV4 = "private-ipv4"
@@ -46,7 +47,6 @@ PRIVATE_NETWORKS = tuple(ipaddress.IPv4Network(net) for net in (
 ))
 # Windows and macOS home folders that belong to no one.
 SHARED_HOMES = frozenset({"Shared", "Public", "Default", "All Users", "Default User"})
-REFUSAL_LINES = 50  # a refusal lists this many findings, then counts the rest
 _MASK_KEEP = 4  # characters of a value a finding shows, at most a third of the value
 
 
@@ -59,21 +59,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line} {self.kind} {self.masked}"
-
-
-class PublishRefused(RuntimeError):
-    """What would be published holds identities; the message lists each one (masked)."""
-
-    def __init__(self, root: Path, findings: list[Finding]):
-        self.root, self.findings = Path(root), list(findings)
-        listed = [f"  {finding}" for finding in self.findings[:REFUSAL_LINES]]
-        rest = len(self.findings) - REFUSAL_LINES
-        if rest > 0:
-            listed.append(f"  ... and {rest} more")
-        super().__init__(
-            f"refusing to publish {self.root}: {len(self.findings)} identities found "
-            f"(path:line kind masked); remove or redact them in what the book is built from "
-            f"(the run's evidence, book/, the notebooks), then rebuild:\n" + "\n".join(listed))
 
 
 @dataclass(frozen=True)

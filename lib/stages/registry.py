@@ -18,7 +18,7 @@ from typing import Any
 
 from lib.core.door import REPO_ROOT
 from lib.core.errors import ParameterError
-from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
+from lib.core.params import (COMMIT, Params, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
                              ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
                              Param, checked, dns_label)
 from lib.engines.model_facts import check_ep_divides
@@ -305,8 +305,9 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {name: spec.params for name, spec in 
 
 
 # ---- resolving ---------------------------------------------------------------------------------
-def resolve(stage: str, given: dict[str, Any]) -> dict[str, Any]:
-    """Validated parameters of `stage`: given values win, None takes the context's default."""
+def resolve(stage: str, given: dict[str, Any]) -> Params:
+    """Validated parameters of `stage`, frozen (lib.core.params.Params): given values win,
+    None takes the context's default."""
     if stage not in STAGE_PARAMS:
         raise ParameterError("stage", stage, "one of " + ", ".join(STAGES))
     names = STAGE_PARAMS[stage]
@@ -326,7 +327,7 @@ def resolve(stage: str, given: dict[str, Any]) -> dict[str, Any]:
         resolved[name] = None if value is None else checked(PARAMS[name], value)
     _derive(resolved)
     _check_together(resolved)
-    return resolved
+    return Params(resolved)
 
 
 def _derive(p: dict[str, Any]) -> None:

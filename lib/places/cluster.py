@@ -1,0 +1,103 @@
+"""What the two cluster places (lib.places.kube, lib.places.slurm) share: the image's paths, the
+model named by its pin, the gates a vLLM serve's logs earn, the gate-adding of a serve, and the
+one deadline loop their waits poll through.
+
+Pure but for `wait_until`, which reads the door's clock and sleeps through it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from lib.core.evidence import Gate, gate
+from lib.engines import catalog
+from lib.engines.base import EngineSpec
+from lib.engines.model_facts import routed_experts
+
+DEEPEP_IN_IMAGE = "/opt/DeepEP"  # docker/Dockerfile stages and builds DeepEP there
+# AIPerf in the image: `pip install --target /opt/aiperf` (docker/Dockerfile, layer 8), its
+# console script run with its packages on PYTHONPATH; flags checked against 0.10.0's wheel
+AIPERF_IN_IMAGE = "/opt/aiperf/bin/aiperf"
+AIPERF_ENV = {"PYTHONPATH": "/opt/aiperf", "HF_ENDPOINT": "http://127.0.0.1:9"}
+# What reads the served model's config.json where vLLM downloaded it (on a node: offline):
+# python3 -c CONFIG_SCRIPT <model> <revision> prints it.
+CONFIG_SCRIPT = ("import sys\nfrom huggingface_hub import hf_hub_download\n"
+                 "print(open(hf_hub_download(sys.argv[1], 'config.json', revision=sys.argv[2]))"
+                 ".read())\n")
+
+
+def pinned_model(params: dict[str, Any], announce: bool, download: str):
+    """The cluster model named by its pin (pins.yaml's model and revision; nothing built here):
+    (the model to serve, the gate 'model named by its pin'). `download` says where the nodes
+    download it (the gate's reason)."""
+    experts = routed_experts(params["model"])
+    info = {"model_dir": params["model"], "revision": params["model_revision"],
+            "num_experts": experts, "config_hash": params["model_revision"],
+            "parameters": None, "seed": None, "built": False}
+    if announce:
+        print(f"serving {params['model']} at revision {params['model_revision']} (pins.yaml)",
+              flush=True)
+    return info, gate("model named by its pin",
+                      bool(params["model"] and params["model_revision"]),
+                      {"model": params["model"], "revision": params["model_revision"],
+                       "routed_experts": experts}, {"revision": "40 hex"}, download, [])
+
+
+def gate_adder(stage, server, gate_prefix: str) -> Callable[[Gate | dict | None], None]:
+    """What a serve adds its gates with: each one (a dict or a Gate; None is none) named with
+    the serve's `gate_prefix` (an arm's name), kept on the server and added to the stage."""
+    prefix = f"{gate_prefix}: " if gate_prefix else ""
+
+    def add(g: Gate | dict | None) -> None:
+        if g is None:
+            return
+        g = g if isinstance(g, Gate) else Gate(**g)
+        if prefix:
+            g = Gate(prefix + g.gate, g.status, g.observed, g.expected, g.reason, g.evidence)
+        server.gates.append(g)
+        stage.add(g)
+
+    return add
+
+
+def serve_gates(engine: str, leader: str, logs: dict[str, str], *, backend: str, nodes: int,
+                gpus_per_node: int, num_experts: int | None, enforce_eager: bool,
+                api_servers: int, log_name: str, evidence: list[str]) -> list[dict] | None:
+    """What the serve's logs prove (every pod's, every node's step's), as the engine reads them
+    (lib.engines.base: the leader's log for what rank 0 alone logs, every log for every rank's
+    NCCL init and EFA provider); None when the engine's logs prove no backend."""
+    spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend,
+                      enforce_eager=enforce_eager, num_experts=num_experts)
+    return catalog.engine(engine).log_gates(leader, logs, spec, log_name=log_name,
+                                            evidence=evidence, api_servers=api_servers)
+
+
+def wait_until(door, look: Callable[[Callable[[], float]], tuple[bool, Any]], timeout_s: float,
+               what: str = "", *, poll_s: float, max_poll_s: float | None = None,
+               started: float | None = None) -> Any:
+    """Look until a look says done, or `timeout_s` has passed: the value of the last look.
+
+    `look(elapsed)` answers (done, value); `elapsed()` is the seconds since `started` (the
+    door's clock when the wait begins, unless given), read from the door's clock (recorded) at
+    most once per look and only when asked: by the look itself, when it decides by the time
+    (a pod Pending past schedule_timeout_s), else by the wait once the look said not done. So
+    a look that finds what it waits for reads no clock. `what`: said first ("waiting up to
+    N s for <what>"). Between two looks `door.sleep(poll_s)`, the delay doubling up to
+    `max_poll_s` when given."""
+    start = door.now() if started is None else started
+    if what:
+        print(f"waiting up to {timeout_s:.0f} s for {what}", flush=True)
+    delay = poll_s
+    while True:
+        reading: list[float] = []
+
+        def elapsed() -> float:
+            if not reading:
+                reading.append(door.now() - start)
+            return reading[0]
+
+        done, value = look(elapsed)
+        if done or elapsed() >= timeout_s:
+            return value
+        door.sleep(delay)
+        if max_poll_s is not None:
+            delay = min(delay * 2, max_poll_s)

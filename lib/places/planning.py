@@ -1,0 +1,49 @@
+"""What the two plans share (lib.places.kube_plan.KubePlan, lib.places.slurm_plan.SlurmPlan; the
+plan place is lib.places.plan): a place that only plans (`plans_only`), its placeholders said
+once in the transcript, the one reason it gives where it would wait, and the image it plans.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lib.core.errors import Unsupported
+from lib.roots import pins as pins_mod
+
+IMAGE_NAME = "deepep-v2-efa"  # as 02 tags its build (lib.stages.image)
+
+
+def planned_image() -> str:
+    """The tag 02 gives the image it builds from these pins (pins-<digest>)."""
+    return f"{IMAGE_NAME}:pins-{pins_mod.digest()[:12]}"
+
+
+def tool(name: str) -> str:
+    """A checker installed beside this interpreter (the guide's venv), by its path: a notebook
+    kernel's PATH need not hold the venv's bin/ (the door records it as {bin}/)."""
+    return str(Path(sys.executable).with_name(name))
+
+
+class Planning:
+    """A cluster place's own code, planning (mixed in before the place it plans for): what it
+    would do to a cluster is recorded, nothing is run. `target` names that place; `verb` and
+    `past` what it does to a cluster (applies / applied); `kept` where the plan's records are."""
+
+    kind = "plan"
+    plans_only = True
+    target = verb = past = kept = "?"
+
+    def __init__(self, stage):
+        super().__init__(stage)
+        self.what = f"a plan for the {self.target} place (nothing is {self.past} to a cluster)"
+        self.notes: list[str] = []
+
+    def _not_run(self, what: str) -> Unsupported:
+        return Unsupported(f"plan for {self.target}: {what} is planned, not run (context plan "
+                           f"{self.verb} nothing to a cluster); {self.kept}")
+
+    def _note(self, text: str) -> None:
+        """A placeholder of the plan, said once in the transcript (`# ...`)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self.door.plan(["#", text], note="a placeholder of the plan")

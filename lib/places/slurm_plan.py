@@ -1,0 +1,152 @@
+"""The slurm place planning (lib.places.plan: the plan place): the slurm place's own code
+(lib.places.slurm, its serving lib.places.slurm_serve), its effects turned into records: every
+sbatch, srun and scancel recorded (`door.plan`), every step's script and each allocation's batch
+script written into the stage's `scripts/` and checked by shellcheck (a gate each); where it
+would wait, it stops with its one SKIP reason.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from lib.core.door import Background, CallResult
+from lib.core.evidence import gate
+import lib.places.batch as batch  # the module, not the package (no cycle through it)
+from lib.places.base import ServeSpec
+from lib.places.planning import Planning, planned_image, tool
+from lib.places.slurm import PROBE_TIMEOUT_S, SlurmPlace, SlurmServer
+
+SHELLCHECK_TIMEOUT_S = 120.0
+
+
+class SlurmPlan(Planning, SlurmPlace):
+    """The slurm place's own code, planning: every sbatch, srun and scancel recorded
+    (`door.plan`), every step's script and each allocation's batch script written into the
+    stage's `scripts/` and checked by shellcheck (a gate each); nothing submitted, nothing
+    waited for: the first wait (an allocation's step to end, a server to be ready, the nodes'
+    probe) raises Unsupported with the plan's one reason.
+
+    What a plan cannot know is a placeholder, said once in the transcript (`# ...`): the job
+    ids (`<job-N>`), the nodes (`node-0`, ... as their names and addresses), the image when
+    neither `image` nor `venv` is given (02's tag for these pins), and, in the written scripts,
+    the run's folder and the checkout (`{run}`, `{repo}`: on the shared file system)."""
+    target = "slurm"
+    verb, past = "submits", "submitted"
+    kept = ("the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines in "
+            "the transcript")
+
+    def __init__(self, stage):
+        super().__init__(stage)
+        self._planned: dict[str, dict[str, Any]] = {}  # job id -> its label, sbatch, steps
+        self._files = 0
+
+    # ---- what a plan cannot know ----------------------------------------------------------
+    def _param(self, name: str, default: Any = None) -> Any:
+        value = super()._param(name, default)
+        if name == "image" and not value and not super()._param("venv"):
+            value = planned_image()
+            self._note(f"image: {value} (02's tag for these pins; give -p image "
+                       "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
+        return value
+
+    def gpus(self) -> int:
+        return int(self.stage["gpus_per_node"] or 0)
+
+    def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        nodes = int(self._planned[jobid]["nodes"])
+        names = [f"node-{k}" for k in range(nodes)]
+        self._note("nodes: node-0, node-1, ... stand for the nodes Slurm allocates, in node-rank "
+                   "order (scontrol show hostnames names them; their NodeAddr is node 0's "
+                   "address)")
+        return names, {n: {"node_addr": n} for n in names}
+
+    def host_facts(self) -> list[dict[str, Any]]:
+        nodes, gpus = int(self._param("nodes", 1)), self.gpus()
+        jobid = self._allocate("node probe", nodes, gpus)
+        try:
+            names, _ = self._nodes_of(jobid)
+            self._run_step(self._probe_argv(jobid, len(names),
+                                            str(self.stage.path(f"probe-{jobid}")), gpus),
+                           timeout=PROBE_TIMEOUT_S, label="the node probe")
+        finally:
+            self.release(jobid)
+        raise self._not_run("the node probe")  # pragma: no cover (_run_step raised)
+
+    def model(self, engine: str, announce: bool = False):
+        if engine != "vllm":
+            self._python()
+            self.door.plan([sys.executable, "-m", "lib.models", "build", "--seed",
+                            str(self.stage["seed"]), "--layers", str(self.stage["model_layers"])],
+                           note="the seeded model, built where the guide runs, into the "
+                                "checkout's .cache/ on the shared file system")
+            raise self._not_run("building the seeded model")
+        return super().model(engine, announce)
+
+    # ---- effects turned into records ------------------------------------------------------
+    def _allocate(self, label: str, nodes: int, gpus: int) -> str:
+        argv = self._alloc_argv(label, nodes, gpus)
+        jobid = f"<job-{len(self.jobs) + 1}>"
+        self._note("<job-N>: the job id sbatch --parsable prints for the N-th allocation")
+        self.door.plan(argv, note=f"allocate {nodes} node(s): {label}")
+        self.jobs.append(jobid)
+        self._planned[jobid] = {"label": label, "nodes": nodes, "alloc": argv, "steps": []}
+        self.stage.on_exit(lambda: self.release(jobid))
+        return jobid
+
+    def _wrapper(self, name: str, per_node: list[tuple[list[str], dict[str, str]]],
+                 base: str) -> str:
+        """The wrapper rendered from its normalized words ({run}, {repo}: quoted as words)."""
+        norm = self.door.norm
+        return batch.wrapper_script(name, [([norm(str(a)) for a in argv],
+                                             {k: norm(str(v)) for k, v in env.items()})
+                                            for argv, env in per_node], norm(base))
+
+    def _record_step(self, argv: list[str], label: str, background: bool) -> None:
+        """The step's script into scripts/, shellchecked (a gate), its srun line recorded."""
+        words = [self.door.norm(str(a)) for a in argv]
+        jobid = next(a.split("=", 1)[1] for a in argv if a.startswith("--jobid="))
+        command = words[next(i for i, a in enumerate(words) if i and not a.startswith("--")):]
+        text = (command[2] if command[:2] == ["bash", "-c"] else
+                batch.task_script(label, command))
+        self._check_script(label, text, "sh")
+        self.door.plan(argv, note=label + (" (left running)" if background else ""))
+        self._planned[jobid]["steps"].append((words, background, label))
+
+    def _check_script(self, label: str, text: str, ext: str) -> str:
+        """`text` (its paths already {run}/{repo}) into scripts/, then shellcheck: a gate."""
+        self._files += 1
+        rel = self.stage.write_text(f"scripts/{self._files:02d}-{batch.slug(label)}.{ext}",
+                                    text)
+        checked = self.door.run([tool("shellcheck"), "-s", "bash",
+                                 str(self.stage.run_dir / rel)],
+                                timeout=SHELLCHECK_TIMEOUT_S, check=False)
+        self.stage.add(gate(f"{rel.split('/', 1)[1]}: shellcheck clean", checked.rc == 0,
+                            f"exit {checked.rc}", "exit 0",
+                            checked.stdout.strip()[-600:] or f"{label}: clean", [rel]))
+        return rel
+
+    def _run_step(self, argv: list[str], *, timeout: float, label: str) -> CallResult:
+        self._record_step(argv, label, background=False)
+        raise self._not_run(label)
+
+    def _start_step(self, argv: list[str], *, log_path: Path, label: str) -> Background | None:
+        self._record_step(argv, label, background=True)
+        return None
+
+    def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
+        raise self._not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) (its "
+                            "readiness, its answers, AIPerf)")
+
+    def release(self, jobid: str) -> bool | None:
+        """scancel recorded; the allocation's batch script written and checked."""
+        if jobid in self._released:
+            return None
+        self._released.add(jobid)
+        job = self._planned[jobid]
+        self.door.plan(batch.cancel_argv(jobid), note=f"cancel the allocation: {job['label']}")
+        self._check_script(f"{job['label']} batch", batch.batch_script(
+            job["label"], [self.door.norm(a) for a in job["alloc"]], job["steps"], notes=[
+                "a plan: {run} and {repo} stand for the run's folder and the guide's checkout "
+                "on the file system the nodes share"]), "sbatch")
+        return None

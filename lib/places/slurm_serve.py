@@ -1,0 +1,424 @@
+"""The slurm place's serving (lib.places.slurm.SlurmPlace mixes SlurmServing in): the server as
+steps of an allocation, the allocation an A/B's arms share, AIPerf as one more step.
+
+Serving (`model`, `serve`; stages 04, 05 and 06):
+
+- `model(engine)`: for 'transformers' the seeded model, built here as the local place builds it
+  (lib.engines.transformers.build_model through the door) into the checkout's `.cache/`, which
+  is on the shared file system, so the nodes read the very files built here; for 'vllm' the
+  cluster model named by its pin (pins.yaml's model and revision, as the kube place: nothing
+  built here; the nodes download it, into `model_cache_dir` when given, else their own HF
+  cache).
+- `serve(spec)`: one allocation (the same holder) sized for the serve (the stage's `nodes` for
+  vLLM, one node for transformers serve), then the server as steps inside it, each started
+  through `door.start` (its srun is the door's handle; its whole output the stage's log):
+  `srun --jobid J --overlap -N1 -n1 --nodelist <node>` (lib.places.batch.task_argv) running
+  `transformers serve` (lib.engines.transformers.serve_argv) on node 0, or vLLM's leader on
+  node 0 and a headless worker on every other node (lib.engines.vllm, the engine's roles
+  leader/worker, DP = nodes x GPUs per node, one step per node). Ready by the local place's
+  readiness loop (lib.engines.transformers.poll_until_ready through wait_ready: the leader's
+  srun polled, `GET /v1/models` or `/health` at node 0's address); vLLM's logs then gated as
+  the kube place gates its pods' (the backend, the EP split, NCCL's EFA provider on every rank).
+  The server is reached from this machine on the cluster's network (`request` through
+  door.http). `run_aiperf` runs AIPerf as one more step of the allocation on node 0, writing
+  straight into the cell's folder on the shared file system, its output into the stage folder
+  (`<cell>-<jobid>.out|.err`). On exit, normal or not: every step's srun stopped (door.stop),
+  the allocation cancelled (scancel, then squeue until it is gone), and the gate `server
+  stopped` (no step of it left in `squeue -s`, its port no longer answering).
+- the arms of an A/B (lib.measure.serving: a serve whose gates carry the arm's name) share one
+  allocation for the stage: side by side, or one after the other, interleaved with repeats,
+  without giving the nodes back between blocks; each arm's steps are stopped when its block
+  ends, the allocation is cancelled when the stage closes (stage.on_exit) or at once when an
+  exception leaves a block. A lone serve (04, 05's sweep) cancels its allocation when its block
+  ends. Arms side by side take `gpu_memory_utilization` 0.25 each (as on the local place) and
+  the next ports.
+- the server's processes are on a node: their resident memory is not read from here
+  (`server_rss` None; 05's memory gate SKIPs) and the Server's `proc` is None once it is ready
+  (its srun handle is `step`). `keep` is read by nothing here: a server never outlives its
+  stage, and no allocation either.
+
+SlurmServing asks the place for its allocation (`_allocate`, `_nodes_of`, `release`), its
+steps (`_start_step`, `_run_step`, `_steps_gone`, `_cancel_steps`) and its parameters
+(`_param`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm's, or a plan's
+(lib.places.slurm_plan), whose effects are records.
+"""
+from __future__ import annotations
+
+import ipaddress
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from lib.core.door import REPO_ROOT, Background, CallResult
+from lib.core.errors import DoorError, NotAllocated
+from lib.core.evidence import Gate, gate
+from lib.engines import catalog, server as served, transformers, vllm_logs, vllm_server
+from lib.engines.transport import unset_vars
+from lib.engines.base import EngineSpec
+import lib.places.batch as batch  # the module, not the package (no cycle through it)
+from lib.places.base import ClusterServer, ServeSpec, saved_model_config
+from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, gate_adder,
+                                pinned_model, serve_gates, wait_until)
+
+CONFIG_TIMEOUT_S = 300.0  # a step that reads the served model's config on node 0
+ANSWER_TIMEOUT_S = 5.0  # is a stopped server's port still answering?
+# Arms side by side in one allocation share the GPUs (as on the local place: three at 0.25)
+ARM_GPU_MEMORY_UTILIZATION = vllm_server.GPU_MEMORY_UTILIZATION
+
+
+@dataclass
+class SlurmServer(ClusterServer):
+    """A server as steps of an allocation: `url` is node 0's address and the port. For vLLM
+    (`backend` set) the fields of lib.engines.vllm_server.VllmServer; for transformers serve
+    `backend_gates` stays None (no log to prove a backend)."""
+    jobid: str = ""
+    host: str = ""  # node 0's address
+    nodes: list[str] = field(default_factory=list)  # the nodes its steps run on, node 0 first
+    step: Background | None = None  # the leader's srun (the door's handle of the server)
+    steps: list[Background] = field(default_factory=list)  # every step's srun, node 0 first
+    step_names: list[str] = field(default_factory=list)  # as `squeue -s` names them
+    logs: list[Path] = field(default_factory=list)  # every step's output, node 0 first
+    ready_path: str = "/v1/models"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+        """AIPerf as a step of the server's allocation on node 0, writing into `out` on the
+        shared file system. `argv_for(aiperf, artifact_dir, cores)` builds AIPerf's argv
+        (lib.measure.sweep's one builder)."""
+        return self.place.run_aiperf_step(self, argv_for, timeout=timeout, out=out, name=name)
+
+
+@dataclass
+class _Held:
+    """The allocation a stage's serves run in: its job id, nodes in node-rank order, each
+    one's scontrol facts, and how many serve blocks are open in it."""
+    jobid: str
+    nodes: int
+    names: list[str]
+    info: dict[str, dict[str, Any]]
+    open: list[int] = field(default_factory=list)  # the port slots of the open serves
+
+
+def node_address(info: dict[str, dict[str, Any]], name: str) -> str:
+    """A node's address as scontrol says it (NodeAddr, else NodeHostName, else its name)."""
+    first = info.get(name, {})
+    return first.get("node_addr") or first.get("node_hostname") or name
+
+
+def this_host(addr: str) -> bool:
+    """Whether node 0's address is this machine's loopback (the one-host test cluster)."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+class SlurmServing:
+    """The slurm place's serving: `model`, `serve` and what a server's steps need (see the
+    module's docstring). Mixed into lib.places.slurm.SlurmPlace, whose allocation and steps it
+    runs in."""
+
+    def _aiperf(self) -> tuple[str, dict[str, str]]:
+        """AIPerf on the nodes and what it needs set: the repository's `.venv-aiperf` beside
+        `venv` (its sibling, as in this checkout), else the image's /opt/aiperf."""
+        venv = self._venv()
+        if venv:
+            return str(Path(venv).parent / ".venv-aiperf" / "bin" / "aiperf"), {}
+        return AIPERF_IN_IMAGE, {"PYTHONPATH": AIPERF_ENV["PYTHONPATH"]}
+
+    def model(self, engine: str, announce: bool = False):
+        """(the model to serve, the gate of how it was had). transformers: the seeded model,
+        built here through the door as the local place builds it, into the checkout's `.cache/`
+        on the shared file system (the nodes read the files built here); vllm: the cluster
+        model named by its pin, as the kube place (nothing built). Unsupported before any call
+        when the nodes have nothing to serve with (neither `image` nor `venv`)."""
+        self._python()
+        if engine != "vllm":
+            if announce:
+                print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
+                      f"{self.stage['seed']}, {self.stage['model_layers']} layers, in the "
+                      "checkout's .cache/ on the shared file system", flush=True)
+            return transformers.build_model(self.stage, engine)
+        cache = self.stage.params.get("model_cache_dir") or ""
+        return pinned_model(self.stage.params, announce, "the nodes download it at this revision"
+                            + (f" into {cache}" if cache else " into their own HF cache"))
+
+    def _serving_allocation(self, nodes: int, gpus: int) -> _Held:
+        """The stage's serving allocation of `nodes` nodes: the one held, else a new one."""
+        held = self._serving
+        if held and held.jobid not in self._released and held.nodes == nodes:
+            return held
+        if held and not held.open:
+            self.release(held.jobid)  # another size: its nodes back first
+        jobid = self._allocate("serve", nodes, gpus)
+        try:
+            names, info = self._nodes_of(jobid)
+        except BaseException:
+            self.release(jobid)
+            raise
+        self._serving = _Held(jobid, nodes, names, info)
+        return self._serving
+
+    @contextmanager
+    def serve(self, spec: ServeSpec) -> Iterator[SlurmServer]:
+        """The server as steps of an allocation (see the module's docstring); yields it even
+        when it is not ready (`ready` False, its FAIL gate added)."""
+        stage, door = self.stage, self.door
+        vllm = spec.engine == "vllm"
+        python = self._python()
+        gpus = (spec.gpus if spec.gpus is not None else self.gpus()) if vllm else 0
+        nodes = spec.nodes if vllm else 1
+        lone = not spec.gate_prefix
+        log_name = spec.log_name or (vllm_server.LOG_NAME if vllm else "server.log")
+        server = SlurmServer(str(spec.model["model_dir"]), 0, stage.path(log_name),
+                             device="cuda" if vllm else "slurm", place=self,
+                             backend=spec.backend if vllm else "",
+                             gpus=nodes * gpus if vllm else 0,
+                             ready_path=catalog.engine(spec.engine).ready_path)
+        add = gate_adder(stage, server, spec.gate_prefix)
+        try:
+            held = self._serving_allocation(nodes, gpus)
+        except NotAllocated as why:
+            add(gate("server ready", False, {"allocated": False}, "listening",
+                     f"the nodes of the serve were not allocated: {why}", []))
+            yield server
+            return
+        slot = next(k for k in range(len(held.open) + 1) if k not in held.open)
+        held.open.append(slot)
+        server.jobid, server.nodes = held.jobid, held.names[:nodes]
+        server.host = node_address(held.info, held.names[0])
+        here = this_host(server.host)
+        server.port = door.free_port() if here else batch.SERVE_PORT + slot
+        failed = False
+
+        def backstop() -> None:
+            if not server.stopped:
+                self._stop_server(server, release=True)
+
+        try:
+            steps = (self._vllm_steps(spec, server, python, gpus, slot, here, lone) if vllm
+                     else self._transformers_steps(server, here))
+            if not self.plans_only:
+                stage.on_exit(backstop)
+            started = door.now()
+            unstarted = self._start_steps(server, steps, spec.gate_prefix)
+            if unstarted:
+                add(gate("server ready", False, {"started": False}, "listening", unstarted, []))
+            else:
+                self._wait_ready(server, spec, add, started)
+            yield server
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            held.open.remove(slot)
+            release = (lone or failed) and not held.open
+            if not self.plans_only:
+                add(self._stop_server(server, release=release))
+            elif release:
+                self.release(held.jobid)
+            if release and self._serving is held:
+                self._serving = None
+
+    def _start_steps(self, server: SlurmServer, steps: list[tuple],
+                     gate_prefix: str) -> str | None:
+        """Each step started (its srun the door's handle), node 0 first: None, or why one could
+        not be started (srun itself could not be run here); the later ones are then not."""
+        door, prefix = self.door, f"{gate_prefix}: " if gate_prefix else ""
+        for node, argv, log_path in steps:
+            command = argv[next(i for i, a in enumerate(argv) if i and a[:2] != "--"):]
+            print(f"{'planning' if self.plans_only else 'starting'} a step on {node} of "
+                  f"allocation {server.jobid}: {door.norm(' '.join(command))[:400]}", flush=True)
+            try:
+                handle = self._start_step(argv, log_path=log_path,
+                                          label=f"{prefix}the server on {node}")
+            except DoorError as exc:  # srun could not be started here at all
+                server.step = server.steps[0] if server.steps else None
+                return f"could not start the step on {node}: {exc}"
+            server.logs.append(log_path)
+            if handle is not None:
+                server.steps.append(handle)
+        server.step = server.steps[0] if server.steps else None
+        return None
+
+    def _transformers_steps(self, server: SlurmServer, here: bool) -> list[tuple]:
+        """transformers serve on node 0 (its engine's command, lib.engines.base: the nodes'
+        console script, listening on every address unless node 0 is this host)."""
+        # reached from this machine and the AIPerf step over the network unless node 0 is here
+        argv, env = catalog.engine("transformers").command(EngineSpec(
+            model=server.model_dir, port=server.port, device="cpu",
+            host=None if here else "0.0.0.0", console_script=self._program("transformers")))
+        if not self.stage.replay and not self.plans_only:
+            # transformers 5.17 answers /v1/models with 500 unless the hub cache folder exists
+            (transformers.HF_HOME / "hub").mkdir(parents=True, exist_ok=True)
+        name = f"guide-{self.stage.name}-{batch.slug(server.log_path.stem)}"
+        server.step_names = [name]
+        return [(server.nodes[0], batch.task_argv(
+            jobid=server.jobid, node=server.nodes[0], name=name,
+            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+            env=env, **self._in_image()), server.log_path)]
+
+    def _vllm_steps(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
+                    slot: int, here: bool, lone: bool) -> list[tuple]:
+        """vLLM's leader on node 0 and a headless worker on every other node, one step each,
+        argv and env from its engine (lib.engines.vllm: the one builder)."""
+        p = self.stage.params
+        nodes = len(server.nodes)
+        rpc = self.door.free_port() if here else batch.DP_RPC_PORT + slot
+        stem = server.log_path.stem
+        steps = []
+        for ordinal, node in enumerate(server.nodes):
+            argv, env = catalog.engine(spec.engine).command(EngineSpec(
+                model=server.model_dir, role="leader" if ordinal == 0 else "worker",
+                nodes=nodes, gpus_per_node=gpus, start_rank=ordinal * gpus,
+                backend=spec.backend, enforce_eager=spec.enforce_eager,
+                expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
+                port=server.port, rendezvous=server.host, rpc_port=rpc,
+                revision=p.get("model_revision") or None, transport=self.transport,
+                python=python, num_experts=spec.model.get("num_experts"),
+                gpu_memory_utilization=None if lone else ARM_GPU_MEMORY_UTILIZATION,
+                nccl_site=self.nccl_site()))
+            if p.get("model_cache_dir"):
+                env["HF_HOME"] = p["model_cache_dir"]
+            if ordinal == 0:
+                server.argv, server.env = list(argv), dict(env)
+            name = f"guide-{self.stage.name}-{batch.slug(stem)}-node{ordinal}"
+            server.step_names.append(name)
+            log_path = server.log_path if ordinal == 0 else server.log_path.with_name(
+                f"{stem}-node{ordinal}.log")
+            steps.append((node, batch.task_argv(
+                jobid=server.jobid, node=node, name=name,
+                time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+                env=env, unset=unset_vars(self.transport), gpus_per_node=gpus,
+                **self._in_image()), log_path))
+        return steps
+
+    def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
+        """The local place's readiness loop on the leader's srun and node 0's port; for vLLM
+        then its logs gated (every node's), as the kube place gates its pods'."""
+        stage = self.stage
+        server.proc = server.step  # polled while it comes up: a step that ends ends the wait
+        try:
+            if spec.engine == "vllm":
+                add(vllm_server.wait_ready(stage, server, spec.timeout_s))
+            else:
+                add(transformers.wait_ready(stage, server, spec.timeout_s))
+        finally:
+            server.proc = None  # its processes are on a node: none of them is read here
+        if spec.engine != "vllm" or not server.ready:
+            return
+        gpus_per_node = server.gpus // max(len(server.nodes), 1)
+        leader = self._settled_log(server, gpus_per_node, started, spec.timeout_s)
+        logs = {stage.rel(server.log_path): leader}
+        for path in server.logs[1:]:
+            logs[stage.rel(path)] = self.door.read_text(path) or ""
+        server.startup_s = vllm_logs.startup_seconds(leader)
+        evidence = list(logs)
+        server.backend_gates = serve_gates(
+            spec.engine, leader, logs, backend=spec.backend, nodes=len(server.nodes),
+            gpus_per_node=gpus_per_node, num_experts=spec.model.get("num_experts"),
+            enforce_eager=spec.enforce_eager, api_servers=gpus_per_node, log_name=evidence[0],
+            evidence=evidence)
+        for g in server.backend_gates or []:
+            add(g)
+
+    def _settled_log(self, server: SlurmServer, api_servers: int, started: float,
+                     timeout_s: float) -> str:
+        """The leader's log once each of its API servers (one per local DP rank) logged its
+        startup, or as it is at the deadline."""
+        def look(elapsed) -> tuple[bool, str]:
+            text = self.door.read_text(server.log_path) or ""
+            return text.count(vllm_server.STARTUP_LINE) >= api_servers, text
+
+        return wait_until(self.door, look, timeout_s, poll_s=served.POLL_INTERVAL_S,
+                          started=started)
+
+    def _stop_server(self, server: SlurmServer, *, release: bool) -> Gate | None:
+        """Every step's srun stopped (door.stop: TERM, then KILL; srun ends its step), the
+        allocation cancelled when `release`, then what is left: the server's steps in `squeue
+        -s`, its port answering from here."""
+        if server.stopped:
+            return None
+        server.stopped = True
+        door = self.door
+        codes = [door.stop(h) for h in server.steps]
+        exited = all(door.poll(h) is not None for h in server.steps)
+        gone = self.release(server.jobid) if release else None
+        left = self._steps_gone(server.jobid, server.step_names)
+        answer = door.http("GET", server.url + server.ready_path, timeout=ANSWER_TIMEOUT_S)
+        answering = answer.status is not None
+        ok = exited and left == [] and not answering and gone is not False
+        observed = {"exit_codes": codes, "steps_left": left, "port_answering": answering}
+        if release:
+            observed["allocation_gone"] = gone
+        print(f"server stopped (srun exit {', '.join(map(str, codes)) or 'none'}); "
+              f"{'allocation ' + server.jobid + ' cancelled; ' if release else ''}port "
+              f"{server.port} on {server.nodes[0] if server.nodes else '?'} "
+              f"{'still answering' if answering else 'closed'}", flush=True)
+        return gate("server stopped", ok, observed,
+                    {"steps_left": [], "port_answering": False,
+                     **({"allocation_gone": True} if release else {})},
+                    f"{len(codes)} step(s) of job {server.jobid} stopped by their srun"
+                    + (", the allocation cancelled (scancel) and gone from squeue" if release
+                       else "; the allocation stays for the stage's other arms")
+                    + f"; no step of the server in squeue -s: {left == []}; port "
+                    f"{server.port} {'still answering' if answering else 'closed'}",
+                    [self.stage.rel(p) for p in server.logs] or [])
+
+    def read_model_config(self, server, model: dict[str, Any]):
+        """The served model's config.json: transformers, the seeded model's file here (the
+        shared file system); vLLM, read on node 0 where it downloaded it (a step, offline),
+        kept as the stage's model_config.json."""
+        if not getattr(server, "backend", ""):
+            return served.read_model_config(self.stage, model["model_dir"])
+        p = self.stage.params
+        env = {"HF_HUB_OFFLINE": "1", **({"HF_HOME": p["model_cache_dir"]}
+                                         if p.get("model_cache_dir") else {})}
+        call = self._run_step(batch.task_argv(
+            jobid=server.jobid, node=server.nodes[0],
+            name=f"guide-{self.stage.name}-model-config",
+            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT),
+            argv=[self.python, "-c", CONFIG_SCRIPT, model["model_dir"],
+                  p.get("model_revision") or "main"], env=env, **self._in_image()),
+            timeout=CONFIG_TIMEOUT_S, label="the served model's config.json")
+        return saved_model_config(self.stage, call)
+
+    def run_aiperf_step(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
+                        name: str) -> CallResult:
+        """One AIPerf cell as a step of the server's allocation on node 0, against node 0's
+        address; AIPerf writes its files straight into `out` (the cell's folder, on the shared
+        file system) and its output into `<name>-<jobid>.out|.err` in the stage folder. A
+        CallResult of the step, with `streams` its output files (and srun's own report)."""
+        from lib.measure import sweep  # AIPerf's environment (lib.measure: no import at load)
+
+        stage = self.stage
+        aiperf, extra = self._aiperf()
+        argv = argv_for(aiperf, str(out), None)
+        env = {**sweep.aiperf_env(stage.path(sweep.MMAP_FOLDER)), **extra}
+        base = stage.path(f"{batch.slug(name)}-{server.jobid}")
+        step_name = f"guide-{stage.name}-{batch.slug(name)}"
+        if not stage.replay and not self.plans_only:
+            out.mkdir(parents=True, exist_ok=True)
+        call = self._run_step(batch.task_argv(
+            jobid=server.jobid, node=server.nodes[0], name=step_name,
+            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+            env=env, output=f"{base}.out", error=f"{base}.err", **self._in_image()),
+            timeout=timeout, label=f"AIPerf {name}")
+        if call.timed_out:  # srun was ended from here: its step is ended by its id
+            self._cancel_steps(server.jobid, [step_name])
+        stdout = self.door.read_text(f"{base}.out")
+        stderr = self.door.read_text(f"{base}.err")
+        result = CallResult(call.argv, call.rc, stdout or "",
+                            (stderr or "") + call.stderr, call.duration_s, call.timed_out,
+                            call.seq)
+        result.streams = ([stage.rel(Path(f"{base}.{kind}")) for kind, text
+                           in (("out", stdout), ("err", stderr)) if text is not None]
+                          + [f"calls/{stage.name}/{call.seq:04d}.stderr"])
+        return result
+

@@ -54,6 +54,15 @@ class Server:
         whose server is reachable only from inside its cluster answers it from there."""
         return door.http(method, self.url + path, timeout=timeout, json_body=json_body)
 
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
+                   env: dict[str, str]):
+        """One AIPerf cell against this server, its files into `out`, a CallResult back.
+        `argv_for(aiperf, artifact_dir, cores)` builds AIPerf's argv (lib.measure.sweep's one
+        builder; aiperf None: the guide's own AIPerf venv). Here: on this machine, through the
+        door, on the client cores; a cluster's server runs it where the server runs."""
+        return stage.door.run(argv_for(None, out, self.client_cores), timeout=timeout, env=env,
+                              check=False)
+
 
 def log_tail(door, log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of a log, read through the door (so a replay sees the same text)."""

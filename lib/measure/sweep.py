@@ -179,18 +179,13 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
             engine=engine, model_dir=server.model_dir, url=server.url,
             concurrency=cell.concurrency, request_count=requests, warmup_requests=warmup,
             input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
-            artifact_dir=artifact_dir, cores=cores, aiperf=aiperf)
+            artifact_dir=artifact_dir, cores=cores, aiperf=aiperf or AIPERF)
 
     timeout = cell_timeout_s(requests, warmup, output_tokens, cell.concurrency)
-    if hasattr(server, "run_aiperf"):  # a cluster's server: AIPerf runs beside it, there
-        call = server.run_aiperf(stage, lambda a, d, c: bounded(argv_for(a, d, c), timeout),
-                                 timeout=timeout + KILL_AFTER_S + 30, out=out,
-                                 name=f"aiperf-{arm or engine}-c{cell.concurrency}-"
-                                      f"r{cell.repeat}")
-    else:
-        call = stage.door.run(bounded(argv_for(AIPERF, out, server.client_cores), timeout),
-                              timeout=timeout + KILL_AFTER_S + 30, env=aiperf_env(mmap_dir),
-                              check=False)
+    call = server.run_aiperf(stage, lambda a, d, c: bounded(argv_for(a, d, c), timeout),
+                             timeout=timeout + KILL_AFTER_S + 30, out=out,
+                             name=f"aiperf-{arm or engine}-c{cell.concurrency}-r{cell.repeat}",
+                             env=aiperf_env(mmap_dir))
     rss = server_rss(stage.door, server)
     if not stage.replay:
         redact_tree(out, stage.door)

@@ -12,13 +12,12 @@ The protocol (every place subclasses Place; what it leaves unimplemented is Unsu
     run_ranks(job)              -> each node's exit code and whole output (torchrun, test_ep)
     model(engine, announce)     -> the model to serve and the gate of how it was had
     serve(spec)                 -> a context manager yielding a Server (url, ready, logs, stop)
-    run_job(argv, env, timeout) -> one process beside the server (AIPerf, a probe)
 
-A cluster place's Server (a ClusterServer: kube's pods, slurm's steps) also answers
-`run_aiperf(stage, argv_for, *, timeout, out, name)`: one AIPerf cell run where the server runs
-(a Job beside its pods, a step of its allocation), its files into `out`, a CallResult back;
-lib.measure.sweep asks it of any server that has it (else AIPerf runs here, through the door).
-`argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of AIPerf's argv.
+Every Server answers `run_aiperf(stage, argv_for, *, timeout, out, name, env)`: one AIPerf cell
+run where the server runs (here through the door; kube: a Job beside its pods; slurm: a step of
+its allocation), its files into `out`, a CallResult back; lib.measure.sweep reaches AIPerf only
+through it. `argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of
+AIPerf's argv.
 
 A place that only plans (`plans_only`: the plans of lib.places.plan) runs nothing: its door
 records what the place it plans for would run.
@@ -56,9 +55,11 @@ class ClusterServer(Server):
         return bool(self.backend_gates) and all(g["status"] == "PASS"
                                                 for g in self.backend_gates)
 
-    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
+                   env: dict[str, str]):
         """One AIPerf cell where this server runs, its files into `out` (a CallResult): every
-        cluster place's Server answers it (see the module's docstring)."""
+        cluster place's Server answers it where it runs (its AIPerf env is the place's, not
+        this machine's `env`)."""
         raise NotImplementedError(f"{type(self).__name__} runs no AIPerf")
 
 
@@ -202,9 +203,6 @@ class Place:
     def read_model_config(self, server, model: dict[str, Any]):
         """(the served model's config.json as a dict, or None; its file in the stage folder)."""
         raise self._cannot("read the served model's config")
-
-    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
-        raise self._cannot("run a job beside a server")
 
     def deepep_dir(self) -> str | None:
         """Where DeepEP (built, with its tests/elastic/test_ep.py) is on the nodes, or None."""

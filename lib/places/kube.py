@@ -15,7 +15,8 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   every pod's log saved whole and gated (the backend vLLM built, the EP split, NCCL's EFA
   provider on every rank, no legacy DeepEP buffer). Requests reach the server from inside the
   cluster (`kubectl exec` into the leader), never through a port opened on this machine.
-- `run_job(...)`: a Job (AIPerf) whose files come back through its log (lib.places.stream).
+- its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve whose files come back through
+  its log (lib.places.stream).
 
 What kubectl's JSON says of pods and nodes is read by lib.places.kube_pods (pure); what this
 place shares with the slurm place (the pinned model, the serve's log gates, the deadline loop)
@@ -75,7 +76,8 @@ class KubeServer(ClusterServer):
     def url(self) -> str:
         return f"http://{self.service}:{manifests.HTTP_PORT}"
 
-    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
+                   env: dict[str, str] | None = None):
         """AIPerf as a Job beside the serve (lib.places.manifests.aiperf_job), its files back
         through its log into `out` (lib.places.stream). `argv_for(aiperf, artifact_dir, cores)`
         builds AIPerf's argv (lib.measure.sweep's one builder)."""

@@ -195,9 +195,6 @@ class LocalPlace(Place):
         """The served model's config.json, here where it was built."""
         return served.read_model_config(self.stage, model["model_dir"])
 
-    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
-        return self.door.run(argv, timeout=timeout_s, env=env, check=False)
-
     def server_rss(self, server) -> int | None:
         """Resident memory of a server's processes, from /proc through the door."""
         return served.server_rss(self.door, server)

@@ -62,8 +62,6 @@ PROBE_TIMEOUT_S = 300.0  # the node probe step
 RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillWait, epilogs)
 POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
 STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
-NO_JOB = ("runs no job beside a server on its own: AIPerf runs as a step of the serve's "
-          "allocation (the server's run_aiperf)")
 
 
 class SlurmPlace(SlurmServing, Place):
@@ -427,6 +425,3 @@ class SlurmPlace(SlurmServing, Place):
                 cancelled = True
             self.door.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
-
-    def run_job(self, argv: list[str], *, env: dict[str, str], timeout_s: float):
-        raise Unsupported(f"{self.what} {NO_JOB}")

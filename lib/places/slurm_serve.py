@@ -85,7 +85,8 @@ class SlurmServer(ClusterServer):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str):
+    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
+                   env: dict[str, str] | None = None):
         """AIPerf as a step of the server's allocation on node 0, writing into `out` on the
         shared file system. `argv_for(aiperf, artifact_dir, cores)` builds AIPerf's argv
         (lib.measure.sweep's one builder)."""

@@ -111,7 +111,7 @@ class KubePlace(Place):
 
     # ---- kubectl --------------------------------------------------------------------------
     def kubectl(self, *args: str) -> list[str]:
-        context = self.stage.params.get("kube_context") or ""
+        context = self.stage["kube_context"]
         return ["kubectl", *(["--context", context] if context else []),
                 "--namespace", self.namespace, *args]
 
@@ -135,13 +135,13 @@ class KubePlace(Place):
 
     def where(self) -> str:
         """The cluster this place drives, as a refusal names it."""
-        context = self.stage.params.get("kube_context") or ""
+        context = self.stage["kube_context"]
         named = f"kube context {context!r}" if context else "kubectl's current context"
         return f"{named} (namespace {self.namespace})"
 
     def clean_up(self) -> None:
         """Delete what this stage applied (its run and stage labels), unless `keep`."""
-        if self.stage.params.get("keep"):
+        if self.stage["keep"]:
             return
         selector = stage_selector(self.stage.run_id, self.stage.name)
         self._run("delete", "statefulset,service,pod,job,configmap", "-l", selector,
@@ -164,7 +164,7 @@ class KubePlace(Place):
         return self._nodes
 
     def _nodes_argv(self) -> list[str]:
-        context = self.stage.params.get("kube_context") or ""
+        context = self.stage["kube_context"]
         return ["kubectl", *(["--context", context] if context else []), "get", "nodes",
                 "-o", "json"]
 
@@ -215,7 +215,7 @@ class KubePlace(Place):
                 "gpus_per_node": p["gpus_per_node"], "efa_per_node": p["efa_per_node"]}
 
     def _image(self) -> str:
-        image = self.stage.params.get("image") or ""
+        image = self.stage["image"]
         if not image:
             raise Unsupported("no image given: the kube place runs the guide's image on the "
                               "nodes (-p image <registry>/<name>@sha256:... or an immutable "
@@ -290,7 +290,7 @@ class KubePlace(Place):
     def delete(self, name: str) -> None:
         """Delete one group of this stage's objects (pods, services, a StatefulSet), unless
         `keep`."""
-        if self.stage.params.get("keep"):
+        if self.stage["keep"]:
             return
         self._run("delete", "statefulset,service,pod,job", "-l",
                   f"{manifests.GROUP_LABEL}={name},"
@@ -345,7 +345,7 @@ class KubePlace(Place):
 
     def _model_cache_dir(self) -> str:
         """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given)."""
-        return self.stage.params.get("model_cache_dir") or ""
+        return self.stage["model_cache_dir"]
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:

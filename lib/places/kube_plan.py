@@ -29,7 +29,7 @@ class KubePlan(Planning, KubePlace):
 
     # ---- what a plan cannot know ----------------------------------------------------------
     def _image(self) -> str:
-        image = self.stage.params.get("image") or ""
+        image = self.stage["image"]
         if not image:
             image = planned_image()
             self._note(f"image: {image} (02's tag for these pins; give -p image "
@@ -102,7 +102,7 @@ class KubePlan(Planning, KubePlace):
         return super()._model_cache_dir() or PLACEHOLDER_CACHE
 
     def serve(self, spec: ServeSpec):
-        if not self.stage.params.get("model_cache_dir"):
+        if not self.stage["model_cache_dir"]:
             self._note(f"model_cache_dir: {PLACEHOLDER_CACHE} (where your nodes mount their "
                        "NVMe instance storage: give -p model_cache_dir)")
         return super().serve(spec)

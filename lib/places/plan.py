@@ -33,4 +33,4 @@ def plan_class(plan_for: str | None) -> type[Place]:
 
 def plan_place(stage) -> Place:
     """The plan of the place `plan_for` names."""
-    return plan_class(stage.params.get("plan_for"))(stage)
+    return plan_class(stage["plan_for"])(stage)

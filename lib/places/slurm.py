@@ -80,16 +80,16 @@ class SlurmPlace(SlurmServing, Place):
         self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
 
     # ---- parameters ---------------------------------------------------------------------------
-    def _param(self, name: str, default: Any = None) -> Any:
-        value = self.stage.params.get(name)
-        return default if value is None else value
+    def _image(self) -> str:
+        """`image` as given ('' for none); a plan stands a placeholder in for it."""
+        return self.stage["image"]
 
     def _venv(self) -> str | None:
         """`venv` as a path: as given when absolute, else inside the checkout (which the nodes
         share): a recorded run then names it relative to the repository and replays in any
         checkout."""
-        venv = self._param("venv")
-        if not venv or self._param("image"):
+        venv = self.stage["venv"]
+        if not venv or self._image():
             return None
         path = Path(str(venv))
         return str(path if path.is_absolute() else REPO_ROOT / path).rstrip("/")
@@ -103,18 +103,18 @@ class SlurmPlace(SlurmServing, Place):
 
     def deepep_dir(self) -> str | None:
         """DeepEP on the nodes: the image's build, or the `deepep_dir` beside the venv."""
-        if self._param("image"):
+        if self._image():
             return DEEPEP_IN_IMAGE
-        return self._param("deepep_dir") or None
+        return self.stage["deepep_dir"] or None
 
     def nccl_site(self) -> str | None:
         """The NCCL to preload: none in the image (it pins its own), else `nccl_site`."""
-        return None if self._param("image") else (self._param("nccl_site") or None)
+        return None if self._image() else (self.stage["nccl_site"] or None)
 
     def _python(self) -> str:
         """The interpreter the nodes run; Unsupported when neither an image nor a venv says
         (once the cluster answered: PlaceError when it does not)."""
-        if self._param("image") or self._param("venv"):
+        if self._image() or self.stage["venv"]:
             return self.python
         self.nodes()  # a cluster that does not answer is said first: a FAIL, not this SKIP
         raise Unsupported(
@@ -129,14 +129,14 @@ class SlurmPlace(SlurmServing, Place):
 
     def _in_image(self) -> dict[str, Any]:
         """A step's image and mounts (the run's folder and the checkout at the same paths)."""
-        image = self._param("image", "")
+        image = self._image()
         return {"image": image,
                 "mounts": (str(self.stage.run_dir), str(REPO_ROOT)) if image else ()}
 
     # ---- the cluster's nodes ------------------------------------------------------------------
     def where(self) -> str:
         """The cluster this place drives, as a refusal names it."""
-        partition = self._param("partition", "")
+        partition = self.stage["partition"]
         return f"slurm partition {partition!r}" if partition else "slurm's default partition"
 
     def _query(self, argv: list[str]) -> CallResult:
@@ -151,7 +151,7 @@ class SlurmPlace(SlurmServing, Place):
     def nodes(self) -> list[dict[str, Any]]:
         """The partition's nodes (`partition`, else the default partition), from sinfo."""
         if self._rows is None:
-            partition = self._param("partition", "")
+            partition = self.stage["partition"]
             rows = batch.parse_sinfo(self._query(batch.sinfo_argv(partition)).stdout)
             if not partition and any(r["default"] for r in rows):
                 rows = [r for r in rows if r["default"]]
@@ -169,8 +169,8 @@ class SlurmPlace(SlurmServing, Place):
         gdrdrv >= 2.5 and hugepages, all required. A run that declares nodes without EFA
         (`efa_per_node` 0, e.g. CPU nodes) has no EFA path: gdrdrv and hugepages are then not
         required (a SKIP each, saying so); the GPU and EFA counts are gated as declared."""
-        gpus, efa = self._param("gpus_per_node"), self._param("efa_per_node")
-        kind = self._param("instance_type", "the instance type")
+        gpus, efa = self.stage["gpus_per_node"], self.stage["efa_per_node"]
+        kind = self.stage["instance_type"]
         rdma = efa != 0
         return NodeNeeds(
             gpus=gpus, efa=efa, gdrdrv=rdma, hugepages=rdma,
@@ -198,7 +198,7 @@ class SlurmPlace(SlurmServing, Place):
         Raises PlaceError when the nodes could not be allocated in time."""
         version = self._query(["sinfo", "--version"]).stdout.strip()
         rows = {r["node"]: r for r in self.nodes()}
-        gpus, nodes = self.gpus(), int(self._param("nodes", 1))
+        gpus, nodes = self.gpus(), int(self.stage["nodes"])
         try:
             jobid = self._allocate("node probe", nodes, gpus)
         except NotAllocated as why:
@@ -208,7 +208,7 @@ class SlurmPlace(SlurmServing, Place):
             base = self.stage.path(f"probe-{jobid}")
             call = self._run_step(self._probe_argv(jobid, len(names), str(base), gpus),
                                   timeout=min(PROBE_TIMEOUT_S,
-                                              self._param("job_timeout_s", PROBE_TIMEOUT_S)),
+                                              self.stage["job_timeout_s"]),
                                   label="the node probe")
         except NotAllocated as why:
             raise PlaceError(self.where(), f"the node probe was not allocated: {why}") from None
@@ -238,7 +238,7 @@ class SlurmPlace(SlurmServing, Place):
         """The probe step: bash on the nodes themselves (never in the image)."""
         return batch.step_argv(
             jobid=jobid, nodes=nodes, out_base=base,
-            time_min=self._param("time_limit_min", 60), script=batch.probe_script(),
+            time_min=self.stage["time_limit_min"], script=batch.probe_script(),
             script_name="guide-node-probe", chdir=str(self.stage.dir),
             gpus_per_node=gpus, kill_on_bad_exit=False)
 
@@ -248,7 +248,7 @@ class SlurmPlace(SlurmServing, Place):
         every node's exit code and whole output (from its --output/--error files)."""
         python = self._python()
         gpus = self.gpus()
-        timeout = min(float(job.timeout_s), float(self._param("job_timeout_s", job.timeout_s)))
+        timeout = min(float(job.timeout_s), float(self.stage["job_timeout_s"]))
         try:
             jobid = self._allocate(job.name, job.nodes, gpus)
         except NotAllocated as why:
@@ -268,7 +268,7 @@ class SlurmPlace(SlurmServing, Place):
             cpus = [info[n]["slurm_cpus"] for n in names if info.get(n, {}).get("slurm_cpus")]
             call = self._run_step(batch.step_argv(
                 jobid=jobid, nodes=job.nodes, out_base=base,
-                time_min=self._param("time_limit_min", 60),
+                time_min=self.stage["time_limit_min"],
                 script=self._wrapper(job.name, per_node, base),
                 script_name=f"guide-{batch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
                 cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus,
@@ -320,13 +320,13 @@ class SlurmPlace(SlurmServing, Place):
     def _alloc_argv(self, label: str, nodes: int, gpus: int) -> list[str]:
         return batch.alloc_argv(
             name=f"guide-{self.stage.name}-{batch.slug(label)}", nodes=nodes,
-            time_min=self._param("time_limit_min", 60), partition=self._param("partition", ""),
-            account=self._param("account", ""), gpus_per_node=gpus)
+            time_min=self.stage["time_limit_min"], partition=self.stage["partition"],
+            account=self.stage["account"], gpus_per_node=gpus)
 
     def _wait_running(self, jobid: str) -> str:
         """The job's nodelist once it runs; NotAllocated when it ends first or is still not
         running after `schedule_timeout_s` (the caller cancels it)."""
-        limit = float(self._param("schedule_timeout_s", 900.0))
+        limit = float(self.stage["schedule_timeout_s"])
         last = "not yet in squeue"
 
         def look(elapsed) -> tuple[bool, str | None]:

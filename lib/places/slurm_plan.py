@@ -42,13 +42,13 @@ class SlurmPlan(Planning, SlurmPlace):
         self._files = 0
 
     # ---- what a plan cannot know ----------------------------------------------------------
-    def _param(self, name: str, default: Any = None) -> Any:
-        value = super()._param(name, default)
-        if name == "image" and not value and not super()._param("venv"):
-            value = planned_image()
-            self._note(f"image: {value} (02's tag for these pins; give -p image "
+    def _image(self) -> str:
+        image = super()._image()
+        if not image and not self.stage["venv"]:
+            image = planned_image()
+            self._note(f"image: {image} (02's tag for these pins; give -p image "
                        "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
-        return value
+        return image
 
     def gpus(self) -> int:
         return int(self.stage["gpus_per_node"] or 0)
@@ -62,7 +62,7 @@ class SlurmPlan(Planning, SlurmPlace):
         return names, {n: {"node_addr": n} for n in names}
 
     def host_facts(self) -> list[dict[str, Any]]:
-        nodes, gpus = int(self._param("nodes", 1)), self.gpus()
+        nodes, gpus = int(self.stage["nodes"]), self.gpus()
         jobid = self._allocate("node probe", nodes, gpus)
         try:
             names, _ = self._nodes_of(jobid)

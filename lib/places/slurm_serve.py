@@ -39,7 +39,7 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
 
 SlurmServing asks the place for its allocation (`_allocate`, `_nodes_of`, `release`), its
 steps (`_start_step`, `_run_step`, `_steps_gone`, `_cancel_steps`) and its parameters
-(`_param`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm's, or a plan's
+(`_image`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm's, or a plan's
 (lib.places.slurm_plan), whose effects are records.
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ class SlurmServing:
                       f"{self.stage['seed']}, {self.stage['model_layers']} layers, in the "
                       "checkout's .cache/ on the shared file system", flush=True)
             return transformers.build_model(self.stage, engine)
-        cache = self.stage.params.get("model_cache_dir") or ""
+        cache = self.stage["model_cache_dir"]
         return pinned_model(self.stage.params, announce, "the nodes download it at this revision"
                             + (f" into {cache}" if cache else " into their own HF cache"))
 
@@ -262,7 +262,7 @@ class SlurmServing:
         server.step_names = [name]
         return [(server.nodes[0], batch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=name,
-            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
             env=env, **self._in_image()), server.log_path)]
 
     def _vllm_steps(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
@@ -295,7 +295,7 @@ class SlurmServing:
                 f"{stem}-node{ordinal}.log")
             steps.append((node, batch.task_argv(
                 jobid=server.jobid, node=node, name=name,
-                time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+                time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
                 env=env, unset=unset_vars(self.transport), gpus_per_node=gpus,
                 **self._in_image()), log_path))
         return steps
@@ -384,7 +384,7 @@ class SlurmServing:
         call = self._run_step(batch.task_argv(
             jobid=server.jobid, node=server.nodes[0],
             name=f"guide-{self.stage.name}-model-config",
-            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT),
+            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT),
             argv=[self.python, "-c", CONFIG_SCRIPT, model["model_dir"],
                   p.get("model_revision") or "main"], env=env, **self._in_image()),
             timeout=CONFIG_TIMEOUT_S, label="the served model's config.json")
@@ -408,7 +408,7 @@ class SlurmServing:
             out.mkdir(parents=True, exist_ok=True)
         call = self._run_step(batch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=step_name,
-            time_min=self._param("time_limit_min", 60), chdir=str(REPO_ROOT), argv=argv,
+            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
             env=env, output=f"{base}.out", error=f"{base}.err", **self._in_image()),
             timeout=timeout, label=f"AIPerf {name}")
         if call.timed_out:  # srun was ended from here: its step is ended by its id

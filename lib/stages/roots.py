@@ -77,7 +77,7 @@ def run(stage, *, pins_path: Path | None = None, python: str | None = None) -> d
     table = {"pins_digest": digest, "rows": [r.as_dict() for r in rows],
              "counts": roots.summarize(rows), "problems": []}
     if sets is not None:
-        chosen = stage.params.get("pin_set") or pins_mod.base_set(data)
+        chosen = stage["pin_set"] or pins_mod.base_set(data)
         for name, entry in sets.items():
             entry["status"], entry["counts"], entry["reason"] = roots.set_verdict(entry["pins"],
                                                                                   rows)

@@ -311,3 +311,26 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     assert held.returncode == 0
     assert not held_copy.parent.exists()  # a normal exit removes its own copy, as before
     assert unnamed.is_dir() and sorted(p.name for p in tmp.iterdir()) == [unnamed.name]
+
+
+def test_a_reworded_reason_replays_in_todays_words_and_nothing_else_is_forgiven():
+    """The recorded gates.json is never rewritten: a replay reads its reasons through
+    REWORDED_REASONS; every row is still needed by a committed run (else it goes, as an alias
+    does), and a gate whose status changed still differs."""
+    from lib.core import evidence
+    from lib.core.door import REPO_ROOT
+
+    recorded_files = sorted((REPO_ROOT / "results").glob("*/*/gates.json"))
+    recorded_reasons = {g.get("reason") for f in recorded_files for g in evidence.read_json(f)}
+    for old in evidence.REWORDED_REASONS:
+        assert old in recorded_reasons, f"no committed run records {old[:60]!r}: remove its row"
+    path = REPO_ROOT / "results/local-20261201T134653Z/06_multicomm/gates.json"
+    recorded = evidence.read_json(path)
+    today = evidence.as_reworded(recorded)
+    changed = [(a["reason"], b["reason"]) for a, b in zip(recorded, today) if a != b]
+    assert len(changed) == 1 and changed[0][1] == evidence.REWORDED_REASONS[changed[0][0]]
+    assert evidence.read_json(path) == recorded  # the file as it was
+    flipped = [{**g, "status": "PASS"} if g["reason"] in evidence.REWORDED_REASONS else g
+               for g in recorded]
+    assert evidence.as_reworded(flipped) != today
+    assert evidence.as_reworded(None) is None

@@ -137,9 +137,10 @@ def run(stage: Stage) -> dict:
                                  round(ratio["high"], 3)],
                        expected="ratio, low, high from scipy.stats.bootstrap",
                        reason=_verdict(ratio, a, b), evidence=evidence + [f"{stage.name}/ratio.json"]))
-    stage.add(skip("serving-level A/B (EP_NUM_COMMS in vLLM)", "the local context serves "
-                   "through transformers serve, which has no expert-parallel all-to-all; the "
-                   "serving A/B needs DeepEP's ElasticBuffer (kube context)"))
+    stage.add(skip("serving-level A/B (EP_NUM_COMMS in vLLM)",
+                   f"engine {serve.resolve_engine(stage)!r} serves without an expert-parallel "
+                   "all-to-all; the serving A/B needs vLLM on DeepEP's ElasticBuffer (06 with "
+                   "engine 'vllm': on one GPU host its serving A/B, on kube or slurm this lever)"))
     return {"runs": runs, "ratio": ratio, "a": a, "b": b}
 
 

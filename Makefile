@@ -68,26 +68,31 @@ chromium:
 # compute), then the cluster tests on one (tests/conftest.py says why).
 UNIT_TESTS := REPRO_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 3 --dist loadfile \
   --no-loadscope-reorder -m "not cluster" --durations=25 tests
+# Each phase prints its wall time (the 20-minute budget is read from these lines).
 unit: venv kube-plane slurm chromium
-	$(UNIT_TESTS)
+	@start=$$(date +%s); $(UNIT_TESTS); rc=$$?; \
+	  echo "make test: unit phase $$(( $$(date +%s) - start )) s wall (exit $$rc)"; exit $$rc
 	$(MAKE) --no-print-directory cluster-tests
 
 cluster-tests: venv kube-plane slurm
-	$(PY) -m pytest -q -m cluster --durations=10 tests
+	@start=$$(date +%s); $(PY) -m pytest -q -m cluster --durations=10 tests; rc=$$?; \
+	  echo "make test: cluster phase $$(( $$(date +%s) - start )) s wall (exit $$rc)"; exit $$rc
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # then the replayable notebooks of the further reference runs (results/REPLAYED), each against
 # its own run.
 nbval: venv
 	@test -n "$(REFERENCE)" || { echo "results/REFERENCE names no reference run"; exit 2; }
+	@start=$$(date +%s); \
 	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -v -p no:cacheprovider --nbval \
-	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
-	@for run in $$(cut -d/ -f2 results/REPLAYED 2>/dev/null | sort -u); do \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/ || exit 1; \
+	for run in $$(cut -d/ -f2 results/REPLAYED 2>/dev/null | sort -u); do \
 	  echo "replaying $$run"; \
 	  REPRO_REPLAY=results/$$run $(PY) -m pytest -v -p no:cacheprovider --nbval \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg $$(grep "^results/$$run/" results/REPLAYED) \
 	    || exit 1; \
-	done
+	done; \
+	echo "make test: nbval phase $$(( $$(date +%s) - start )) s wall"
 	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
 	@$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
 

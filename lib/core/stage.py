@@ -192,7 +192,8 @@ class Stage:
             if evidence.as_reworded(recorded) != json.loads(evidence.dumps(rows)):
                 raise ReplayMismatch(f"replay: the gates of {self.name} re-computed from the "
                                      "transcript differ from the recorded gates.json")
-            rows = recorded  # the same gates; shown in the words the run recorded
+            # the same gates, each reason shown in the words the run recorded
+            rows = [{**row, "reason": then["reason"]} for row, then in zip(rows, recorded)]
         else:
             for path in self.dir.rglob("*"):  # what processes wrote: as the door writes text
                 if path.is_file():

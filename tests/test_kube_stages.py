@@ -140,6 +140,27 @@ def test_00_an_apply_the_api_server_refuses_is_a_fail_naming_the_context_and_the
     assert env.objects_left() == []
 
 
+def test_00_a_cluster_without_a_node_of_the_type_is_a_fail_naming_the_type(env, tmp_path):
+    """The real API server lists two p5en nodes; a stage asking for p5 nodes finds none: one
+    FAIL naming the type and the label read, nothing applied, the finish raises."""
+    from lib.core.errors import StageRefused
+    from lib.core.stage import REFUSED_GATE
+
+    env.probes()
+    stage = env.stage("00_cluster", tmp_path / "run", instance_type="p5.48xlarge",
+                      efa_per_node=32)
+    data = cluster.run(stage)
+    assert "refused" in data
+    fails = [g for g in stage.gates if g.status == "FAIL"]
+    assert [g.gate for g in fails] == [REFUSED_GATE]
+    assert "no node of instance type p5.48xlarge in the cluster" in fails[0].reason
+    assert "node.kubernetes.io/instance-type" in fails[0].reason
+    with pytest.raises(StageRefused):
+        stage.finish()
+    assert kubectl_calls(tmp_path / "run", "apply") == []  # nothing applied
+    assert env.objects_left() == []
+
+
 def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env, tmp_path):
     """32 EFA devices a pod (a p5's count) where the p5en nodes advertise 16: the real scheduler
     refuses, and says so. (More GPUs than an instance type has is refused before any effect.)"""

@@ -415,7 +415,8 @@ def _check_model_divides(p: dict[str, Any]) -> None:
     """Expert parallelism needs the model's routed experts divisible by the EP size (nodes x
     GPUs per node on a cluster): `-p nodes 3` with the default model is refused here."""
     model = p.get("model")
-    if p.get("context") == "local" or not model or not p.get("nodes") or not p.get("gpus_per_node"):
+    if (not model or not p.get("nodes") or not p.get("gpus_per_node")
+            or "context" in p and places.on_one_machine(p)):
         return
     check_ep_divides(model, p["nodes"], p["gpus_per_node"])
 

@@ -638,3 +638,96 @@ def compose_aiperf_job_log(dest: Path, *, cell: str = "concurrency_1", block: st
     console = _lines(read_raw(folder / "profile_export_console.txt"))[:console_lines]
     text = "\n".join(console) + "\n" + pack(folder, block)
     return _write(dest, f"{PREFIX}aiperf-job-{cell}.log", text)
+
+
+# --- SGLang across nodes ------------------------------------------------------------------------
+# No SGLang log was ever recorded here or published by the public reproduction: every line is
+# composed from the format strings SGLang 0.5.19's own source prints (its PyPI wheel, read here
+# 2026-12-03; lib/engines/sglang.py cites each): the logger's "[%Y-%m-%d %H:%M:%S{prefix}] "
+# (utils/common.py:2353-2373) with " DP{d} TP{t} EP{e}" on a scheduler (managers/scheduler.py:
+# 5494-5514, DP attention on), none on the launcher; the launcher's "server_args={...}"
+# (entrypoints/engine.py:1098) and its two DeepEP v2 warnings (arg_groups/moe_hook.py:229-242),
+# once per node; per rank "Init torch distributed begin." (distributed/bootstrap.py:82), NCCL's
+# own lines (nccl_block) and "Initialized DeepEP v2 ElasticBuffer: ..." on its first dispatch
+# (layers/moe/token_dispatcher/deepep_v2.py:198-209); node rank 0's "The server is fired up and
+# ready to roll!" (entrypoints/http_server.py:2412), node k's "Dummy health check server started
+# in background thread at {host}:{port}" (utils/common.py:3359-3361).
+SGLANG_TS = "2026-12-03 10:00:{:02d}"
+
+
+def _sglang_launcher(ts: str, a2a: str, world: int, nodes: int, node: int, mode: str) -> list[str]:
+    args = (f"server_args={{'model_path': 'Qwen/Qwen3-30B-A3B-FP8', 'tp_size': {world}, "
+            f"'dp_size': {world}, 'ep_size': {world}, 'enable_dp_attention': True, "
+            f"'moe_a2a_backend': '{a2a}', 'deepep_v2_mode': '{mode}', 'moe_runner_backend': "
+            f"'{'deep_gemm' if a2a == 'deepep_v2' else 'auto'}', 'nnodes': {nodes}, "
+            f"'node_rank': {node}, 'port': 8000}}")
+    out = [f"[{ts}] {args}"]
+    if a2a == "deepep_v2":
+        out += [f"[{ts}] DeepEP v2 MoE is enabled. The expert parallel size is adjusted to be the "
+                f"same as the tensor parallel size[{world}].",
+                f"[{ts}] DeepEP v2 MoE is using deepep_v2_mode={mode}. This controls ElasticBuffer "
+                "direct/hybrid mode and is independent from --deepep-mode normal/low_latency. "
+                "DeepEP v2 MoE enables the decode CUDA graph on the masked decode path (any comm "
+                "mode) and disables shared expert fusion. "
+                "SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK is a per-rank communication "
+                "buffer capacity, not a model limit; increase it for large prefill/chunked-prefill "
+                "workloads."]
+    return out
+
+
+def compose_sglang_pods(dest: Path, *, world: int = 16, per_node: int = 8,
+                        backend: str = "deepep_v2", mode: str | None = None,
+                        drop_buffer_rank: int | None = None,
+                        drop_provider_rank: int | None = None,
+                        crash_rank: int | None = None, tag: str = "") -> list[Path]:
+    """SGLang 0.5.19's logs of a DP-attention serve at TP = DP = EP = `world` over
+    `world // per_node` nodes, one file per node (node rank 0 first), composed from its source's
+    formats (see above). Variants: `drop_buffer_rank` (that rank logs no ElasticBuffer line: a
+    rank that never dispatched through DeepEP); `drop_provider_rank` (no EFA provider line on
+    it); `crash_rank` (its scheduler logs "Scheduler hit an exception" and node 0's launcher
+    "Received sigquit from a child process"; no node logs ready); `mode` (the DeepEP v2 mode the
+    launchers resolved; default hybrid across nodes). `backend` is the guide's name
+    (deepep_v2, or allgather_reducescatter = SGLang's none).
+
+    Not faithful: the order of lines across processes, the times, pids and sizes
+    (num_bytes) are invented; the model's hidden size (2048) and top-k (8) are Qwen3-30B-A3B's."""
+    a2a = {"deepep_v2": "deepep_v2", "allgather_reducescatter": "none"}[backend]
+    nodes = world // per_node
+    mode = mode or ("hybrid" if nodes > 1 else "direct")
+    paths = []
+    for node in range(nodes):
+        host = HOSTS[node] if node < len(HOSTS) else f"composed-node-{node}"
+        out = _sglang_launcher(SGLANG_TS.format(1), a2a, world, nodes, node, mode)
+        for local in range(per_node):
+            rank = node * per_node + local
+            pre = f"[{SGLANG_TS.format(2)} DP{rank} TP{rank} EP{rank}] "
+            out.append(pre + "Init torch distributed begin.")
+            out += nccl_block(host, 4000 + rank, local, rank, world,
+                              provider=rank != drop_provider_rank)
+            out.append(f"[{SGLANG_TS.format(9)} DP{rank} TP{rank} EP{rank}] Init torch "
+                       "distributed ends. elapsed=6.31 s, mem usage=0.55 GB")
+            out.append(f"[{SGLANG_TS.format(10)} DP{rank} TP{rank} EP{rank}] Load weight begin. "
+                       "avail mem=138.12 GB")
+            if rank == crash_rank:
+                out += [f"[{SGLANG_TS.format(31)} DP{rank} TP{rank} EP{rank}] Scheduler hit an "
+                        "exception: Traceback (most recent call last):",
+                        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                        "ProcessGroupNCCL.cpp, remote process exited or there was a network "
+                        "error"]
+                continue
+            if a2a == "deepep_v2" and rank != drop_buffer_rank and crash_rank is None:
+                out.append(f"[{SGLANG_TS.format(40)} DP{rank} TP{rank} EP{rank}] Initialized "
+                           f"DeepEP v2 ElasticBuffer: world_size={world} hidden_size=2048 "
+                           f"num_topk=8 max_dispatch_tokens_per_rank=1024 use_fp8_dispatch=True "
+                           f"allow_hybrid_mode={mode == 'hybrid'} num_bytes=2147483648")
+        if crash_rank is not None:
+            if node == 0:
+                out.append(f"[{SGLANG_TS.format(32)}] Received sigquit from a child process. It "
+                           "usually means the child failed.")
+        elif node == 0:
+            out.append(f"[{SGLANG_TS.format(45)}] The server is fired up and ready to roll!")
+        else:
+            out.append(f"[{SGLANG_TS.format(44)}] Dummy health check server started in background "
+                       "thread at 0.0.0.0:8000")
+        paths.append(_write(dest, f"{PREFIX}sglang{tag}-node{node}.log", "\n".join(out) + "\n"))
+    return paths

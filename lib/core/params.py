@@ -512,9 +512,12 @@ class Param:
 
     def default(self, context: str, engine: str = "") -> Any:
         """The default for `context`; a key "<context>:<engine>" wins for that engine (the vLLM
-        serve on two GPUs sweeps the cluster's concurrency levels, not the CPU's)."""
+        serve on two GPUs sweeps the cluster's concurrency levels, not the CPU's), then a key
+        "*:<engine>" (every context: the pin set an engine is pinned by)."""
         if engine and f"{context}:{engine}" in self.defaults:
             return self.defaults[f"{context}:{engine}"]
+        if engine and f"*:{engine}" in self.defaults:
+            return self.defaults[f"*:{engine}"]
         return self.defaults.get(context, self.defaults.get("*"))
 
 

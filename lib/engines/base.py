@@ -16,9 +16,13 @@ nodes x GPUs, the backend, eager or graphs, ports, the role and start rank) an e
                                 fallback); None when its logs prove no backend
     first_fatal(text)        -> the first fatal line of a log, or None
     crashed_step(text)       -> the step a log died at (what it was running), or None
+    wait_ready(stage, server, timeout_s) -> the gate 'server ready' (ready_path polled)
+    settled(leader_log, api_servers)     -> whether every start-up line is written yet
+    startup_seconds(leader_log)          -> its start-up time as its log says, or None
 
-An engine a place cannot run is the place's SKIP (`Place.engines`); an engine no pin set pins
-is a parameter error (lib.stages.registry).
+An engine a place cannot run is the place's SKIP (`Place.engines` lists what it runs); an engine
+the chosen pin set does not pin is a parameter error (lib.stages.registry). `expert_parallel`,
+`backends` and `level` say what a stage may ask of it and how far it has been verified.
 """
 from __future__ import annotations
 
@@ -71,11 +75,20 @@ class Engine:
     """An engine's defaults; each engine module subclasses it (lib.engines.catalog lists them)."""
 
     name = "?"
+    title = "?"  # as a reader names it ("vLLM")
     ready_path = "/v1/models"
     endpoints = ("/v1/models", "/v1/chat/completions", "/v1/completions")
     metrics_path: str | None = None
     # whether its logs prove which all-to-all backend it built (log_gates gives gates)
     proves_backend = False
+    # whether it serves with expert parallelism over every GPU (04's EP serve; 05's, 06's)
+    expert_parallel = False
+    # the guide's all-to-all backend names it takes (`all2all_backend`; vLLM's names)
+    backends: tuple[str, ...] = ()
+    # how far the guide has taken it (the book's coverage says it beside every row)
+    level = "measured here"
+    # the pin (pins.yaml) a pin set must hold to serve with it; None: pinned elsewhere
+    pin: str | None = None
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
         raise NotImplementedError(f"engine {self.name} renders no command")
@@ -91,6 +104,28 @@ class Engine:
         return None
 
     def first_fatal(self, text: str) -> str | None:
+        return None
+
+    # the server's whole output, in the stage folder (node 0's; node k's beside it)
+    log_name = "server.log"
+
+    def wait_ready(self, stage, server, timeout_s: float):
+        """The gate 'server ready': poll `ready_path` until it answers 200, the process exits
+        or time is up (lib.engines.server.poll_until_ready)."""
+        from lib.engines.server import poll_until_ready
+
+        print(f"waiting up to {timeout_s:.0f} s for {self.name} at {server.url} (GET "
+              f"{self.ready_path} answers 200; log {stage.rel(server.log_path)})", flush=True)
+        return poll_until_ready(stage, server, timeout_s, path=self.ready_path, who=self.name,
+                                waiting_for=f" for {self.name}")
+
+    def settled(self, leader_log: str, api_servers: int) -> bool:
+        """Whether the leader's log holds every start-up line its gates read (the API can answer
+        a moment before the last line is written)."""
+        return True
+
+    def startup_seconds(self, leader_log: str) -> float | None:
+        """Seconds from its log's first line to its last start-up line, where it says."""
         return None
 
     def crashed_step(self, text: str) -> dict | None:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from lib.core.errors import ParameterError
 from lib.engines.base import Engine
+from lib.engines.sglang import SglangEngine
 from lib.engines.transformers import TransformersEngine
 from lib.engines.vllm import VllmEngine
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), TransformersEngine())}
+ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), SglangEngine(),
+                                                  TransformersEngine())}
 
 
 def engine(name: str) -> Engine:

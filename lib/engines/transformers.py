@@ -195,6 +195,7 @@ class TransformersEngine(Engine):
     logs prove no all-to-all backend (it has none: experts run in one process)."""
 
     name = "transformers"
+    title = "transformers serve"
     ready_path = "/v1/models"
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
@@ -203,6 +204,9 @@ class TransformersEngine(Engine):
 
     def process_words(self, spec: EngineSpec) -> list[str]:
         return ["transformers", "serve"]
+
+    def wait_ready(self, stage, server, timeout_s: float):
+        return wait_ready(stage, server, timeout_s)
 
     def first_fatal(self, text: str) -> str | None:
         """The last line of a Python traceback (its exception), or None."""

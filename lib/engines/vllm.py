@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lib.engines import vllm_logs
+from lib.engines import vllm_logs, vllm_server
+from lib.engines.vllm_server import LOG_NAME, STARTUP_LINE
 from lib.engines.base import Engine, EngineSpec
 from lib.engines.transport import DEFAULT_PLUGIN_PATH
-from lib.engines.vllm_args import CLI_MODULE, vllm_serve
+from lib.engines.vllm_args import BACKENDS, CLI_MODULE, vllm_serve
 
 # vLLM 0.24.0's routes: its log lists "Route: /health, Methods: GET" and /metrics
 READY_PATH = "/health"
@@ -22,9 +23,13 @@ METRICS_PATH = "/metrics"
 
 class VllmEngine(Engine):
     name = "vllm"
+    title = "vLLM"
     ready_path = READY_PATH
     metrics_path = METRICS_PATH
     proves_backend = True
+    expert_parallel = True
+    backends = BACKENDS
+    pin = "vllm"
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
         """One process of the serve (lib.engines.vllm_args checks the request), with weights
@@ -66,6 +71,18 @@ class VllmEngine(Engine):
 
     def first_fatal(self, text: str) -> str | None:
         return vllm_logs.first_fatal_line(text)
+
+    log_name = LOG_NAME
+
+    def wait_ready(self, stage, server, timeout_s: float):
+        return vllm_server.wait_ready(stage, server, timeout_s)
+
+    def settled(self, leader_log: str, api_servers: int) -> bool:
+        # one "Application startup complete." per API server (one per local DP rank)
+        return leader_log.count(STARTUP_LINE) >= api_servers
+
+    def startup_seconds(self, leader_log: str) -> float | None:
+        return vllm_logs.startup_seconds(leader_log)
 
     def crashed_step(self, text: str) -> dict | None:
         return vllm_logs.crashed_step(text)

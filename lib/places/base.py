@@ -161,6 +161,8 @@ class Place:
     # whether every rank runs on this one machine (one node; the ranks are its GPUs) rather
     # than one node per rank group of a cluster
     one_machine = False
+    # the engines (lib.engines.catalog) it serves with; another is its SKIP
+    engines: tuple[str, ...] = ()
 
     def __init__(self, stage):
         self.stage = stage

@@ -102,6 +102,7 @@ class KubeServer(ClusterServer):
 class KubePlace(Place):
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
+    engines = ("vllm", "sglang")
 
     def __init__(self, stage):
         super().__init__(stage)
@@ -337,9 +338,11 @@ class KubePlace(Place):
 
     # ---- serving --------------------------------------------------------------------------
     def model(self, engine: str, announce: bool = False):
-        """The cluster model named by its pin (lib.places.cluster.pinned_model): vLLM only."""
-        if engine != "vllm":
-            raise Unsupported("the kube place serves with vLLM (engine 'vllm')")
+        """The cluster model named by its pin (lib.places.cluster.pinned_model), for an engine
+        this place serves with."""
+        if engine not in self.engines:
+            raise Unsupported(f"{self.what} serves with {', '.join(self.engines)}, not engine "
+                              f"{engine!r}")
         return pinned_model(self.stage.params, announce,
                             "the nodes download it into model_cache_dir at this revision")
 
@@ -353,7 +356,7 @@ class KubePlace(Place):
         probe holds; every pod's log kept and gated; deleted when the block ends (unless
         `keep`, then the next stage's apply finds it as it is)."""
         stage, p = self.stage, self.stage.params
-        name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else "vllm")
+        name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else spec.engine)
         cache = self._model_cache_dir()
         if not cache:
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "

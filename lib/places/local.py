@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from lib.core.errors import ParameterError
+from lib.core.errors import ParameterError, Unsupported
 from lib.core.evidence import gate, skip
 from lib.engines import server as served, transformers, vllm_server
 from lib.engines.devices import cuda_device_count
@@ -81,6 +81,7 @@ LOCAL_NEEDS = NodeNeeds(
 class LocalPlace(Place):
     kind = "local"
     what = "the local place (this machine)"
+    engines = ("transformers", "vllm")
     gin = False  # no RDMA NIC here: DeepEP runs intranode with GIN off (EP_DISABLE_GIN=1)
     transport = "intranode_nvlink"  # one machine: NVLink, GIN off, NCCL 2.30.4 preloaded
     python = sys.executable
@@ -159,6 +160,9 @@ class LocalPlace(Place):
     def model(self, engine: str, announce: bool = False):
         """The seeded model, built here through the door (a replay never builds); `announce`:
         say so first (04 does; 05 and 06 build the model 04 built, silently)."""
+        if engine not in self.engines:
+            raise Unsupported(f"{self.what} serves with {', '.join(self.engines)}, not engine "
+                              f"{engine!r} (it runs on a cluster place: kube, slurm, or plan)")
         if announce:
             print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
                   f"{self.stage['seed']}, {self.stage['model_layers']} layers", flush=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from lib.core.door import Background, CallResult
 from lib.core.evidence import gate
+from lib.engines import catalog
 import lib.places.batch as batch  # the module, not the package (no cycle through it)
 from lib.places.base import ServeSpec
 from lib.places.planning import Planning, planned_image, tool
@@ -74,7 +75,7 @@ class SlurmPlan(Planning, SlurmPlace):
         raise self._not_run("the node probe")  # pragma: no cover (_run_step raised)
 
     def model(self, engine: str, announce: bool = False):
-        if engine != "vllm":
+        if engine in self.engines and not catalog.engine(engine).expert_parallel:
             self._python()
             self.door.plan([sys.executable, "-m", "lib.models", "build", "--seed",
                             str(self.stage["seed"]), "--layers", str(self.stage["model_layers"])],

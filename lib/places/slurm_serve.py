@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lib.core.door import REPO_ROOT, Background, CallResult
-from lib.core.errors import DoorError, NotAllocated
+from lib.core.errors import DoorError, NotAllocated, Unsupported
 from lib.core.evidence import Gate, gate
 from lib.engines import catalog, server as served, transformers, vllm_logs, vllm_server
 from lib.engines.transport import unset_vars
@@ -140,7 +140,10 @@ class SlurmServing:
         model named by its pin, as the kube place (nothing built). Unsupported before any call
         when the nodes have nothing to serve with (neither `image` nor `venv`)."""
         self._python()
-        if engine != "vllm":
+        if engine not in self.engines:
+            raise Unsupported(f"{self.what} serves with {', '.join(self.engines)}, not engine "
+                              f"{engine!r}")
+        if not catalog.engine(engine).expert_parallel:
             if announce:
                 print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
                       f"{self.stage['seed']}, {self.stage['model_layers']} layers, in the "
@@ -171,17 +174,17 @@ class SlurmServing:
         """The server as steps of an allocation (see the module's docstring); yields it even
         when it is not ready (`ready` False, its FAIL gate added)."""
         stage, door = self.stage, self.door
-        vllm = spec.engine == "vllm"
+        engine = catalog.engine(spec.engine)
+        ep = engine.expert_parallel  # one process per node over its GPUs; else one on node 0
         python = self._python()
-        gpus = (spec.gpus if spec.gpus is not None else self.gpus()) if vllm else 0
-        nodes = spec.nodes if vllm else 1
+        gpus = (spec.gpus if spec.gpus is not None else self.gpus()) if ep else 0
+        nodes = spec.nodes if ep else 1
         lone = not spec.gate_prefix
-        log_name = spec.log_name or (vllm_server.LOG_NAME if vllm else "server.log")
+        log_name = spec.log_name or engine.log_name
         server = SlurmServer(str(spec.model["model_dir"]), 0, stage.path(log_name),
-                             device="cuda" if vllm else "slurm", place=self,
-                             backend=spec.backend if vllm else "",
-                             gpus=nodes * gpus if vllm else 0,
-                             ready_path=catalog.engine(spec.engine).ready_path)
+                             device="cuda" if ep else "slurm", place=self,
+                             backend=spec.backend if ep else "",
+                             gpus=nodes * gpus if ep else 0, ready_path=engine.ready_path)
         add = gate_adder(stage, server, spec.gate_prefix)
         try:
             held = self._serving_allocation(nodes, gpus)
@@ -203,7 +206,7 @@ class SlurmServing:
                 self._stop_server(server, release=True)
 
         try:
-            steps = (self._vllm_steps(spec, server, python, gpus, slot, here, lone) if vllm
+            steps = (self._node_steps(spec, server, python, gpus, slot, here, lone) if ep
                      else self._transformers_steps(server, here))
             if not self.plans_only:
                 stage.on_exit(backstop)
@@ -265,10 +268,11 @@ class SlurmServing:
             time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
             env=env, **self._in_image()), server.log_path)]
 
-    def _vllm_steps(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
+    def _node_steps(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
                     slot: int, here: bool, lone: bool) -> list[tuple]:
-        """vLLM's leader on node 0 and a headless worker on every other node, one step each,
-        argv and env from its engine (lib.engines.vllm: the one builder)."""
+        """An expert-parallel engine's leader on node 0 and a worker on every other node, one
+        step each, argv and env from the engine (lib.engines.base: vLLM's headless workers,
+        SGLang's node ranks)."""
         p = self.stage.params
         nodes = len(server.nodes)
         rpc = self.door.free_port() if here else batch.DP_RPC_PORT + slot
@@ -301,25 +305,23 @@ class SlurmServing:
         return steps
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
-        """The local place's readiness loop on the leader's srun and node 0's port; for vLLM
-        then its logs gated (every node's), as the kube place gates its pods'."""
-        stage = self.stage
+        """The local place's readiness loop on the leader's srun and node 0's port; for an
+        expert-parallel engine then its logs gated (every node's), as the kube place gates its
+        pods'."""
+        stage, engine = self.stage, catalog.engine(spec.engine)
         server.proc = server.step  # polled while it comes up: a step that ends ends the wait
         try:
-            if spec.engine == "vllm":
-                add(vllm_server.wait_ready(stage, server, spec.timeout_s))
-            else:
-                add(transformers.wait_ready(stage, server, spec.timeout_s))
+            add(engine.wait_ready(stage, server, spec.timeout_s))
         finally:
             server.proc = None  # its processes are on a node: none of them is read here
-        if spec.engine != "vllm" or not server.ready:
+        if not engine.expert_parallel or not server.ready:
             return
         gpus_per_node = server.gpus // max(len(server.nodes), 1)
-        leader = self._settled_log(server, gpus_per_node, started, spec.timeout_s)
+        leader = self._settled_log(server, engine, gpus_per_node, started, spec.timeout_s)
         logs = {stage.rel(server.log_path): leader}
         for path in server.logs[1:]:
             logs[stage.rel(path)] = self.door.read_text(path) or ""
-        server.startup_s = vllm_logs.startup_seconds(leader)
+        server.startup_s = engine.startup_seconds(leader)
         evidence = list(logs)
         server.backend_gates = serve_gates(
             spec.engine, leader, logs, backend=spec.backend, nodes=len(server.nodes),
@@ -329,13 +331,13 @@ class SlurmServing:
         for g in server.backend_gates or []:
             add(g)
 
-    def _settled_log(self, server: SlurmServer, api_servers: int, started: float,
+    def _settled_log(self, server: SlurmServer, engine, api_servers: int, started: float,
                      timeout_s: float) -> str:
-        """The leader's log once each of its API servers (one per local DP rank) logged its
-        startup, or as it is at the deadline."""
+        """The leader's log once the engine says every start-up line is in it (vLLM: one per
+        API server, one per local DP rank), or as it is at the deadline."""
         def look(elapsed) -> tuple[bool, str]:
             text = self.door.read_text(server.log_path) or ""
-            return text.count(vllm_server.STARTUP_LINE) >= api_servers, text
+            return engine.settled(text, api_servers), text
 
         return wait_until(self.door, look, timeout_s, poll_s=served.POLL_INTERVAL_S,
                           started=started)

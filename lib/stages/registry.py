@@ -21,6 +21,7 @@ from lib.core.errors import ParameterError
 from lib.core.params import (COMMIT, Params, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
                              ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
                              Param, checked, dns_label)
+from lib.engines import catalog
 from lib.engines.model_facts import check_ep_divides
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
@@ -30,10 +31,26 @@ from lib.roots import pins as pins_mod
 
 CONTEXTS = ("local", "plan", "kube", "slurm")
 CLUSTER_PLACES = ("kube", "slurm")  # what `plan` can plan for
-ENGINES = ("transformers", "vllm")
+ENGINES = tuple(sorted(catalog.ENGINES))
 WORKLOADS = ("statefulset", "leaderworkerset")
 _CLUSTER = ("plan", "kube", "slurm")  # contexts that serve a real model on p5en-class nodes
 _MODEL_PIN = pins_mod.load()["pins"]["model"]  # the one source of the cluster model and revision
+
+
+def _sets_pinning(pin: str) -> list[str]:
+    """The pin sets (file order) that hold `pin`."""
+    return [name for name in pins_mod.set_names(_PINS) if pin in pins_mod.set_pins(_PINS, name)]
+
+
+def _pin_set_defaults() -> dict[str, str]:
+    """The base set, and for an engine the base set does not pin, the first set that does."""
+    base = pins_mod.base_set(_PINS)
+    defaults = {"*": base}
+    for name, engine in catalog.ENGINES.items():
+        sets = _sets_pinning(engine.pin) if engine.pin else []
+        if sets and base not in sets:
+            defaults[f"*:{name}"] = sets[0]
+    return defaults
 _PINS = pins_mod.load()  # the pin sets `pin_set` chooses among, and its default (the base set)
 
 
@@ -109,7 +126,7 @@ _PARAMS = [
     Param("results_dir", Folder(absolute=False, written=True, here=True, base=REPO_ROOT),
           {"*": "results"}, "where run directories live (relative to the repository)"),
     Param("seed", Integer(0, MAX_SEED), {"*": 0}, "seed of every random draw"),
-    Param("pin_set", OneOf(tuple(pins_mod.set_names(_PINS))), {"*": pins_mod.base_set(_PINS)},
+    Param("pin_set", OneOf(tuple(pins_mod.set_names(_PINS))), _pin_set_defaults(),
           "the pin set (pins.yaml `sets:`) the run uses, recorded in run.json; 01 verifies "
           "every set", legacy=pins_mod.RECORDED_BEFORE_SETS),
     Param("nodes", Integer(1, MAX_NODES), {"local": 1, **_cluster(2)}, "nodes in the run",
@@ -384,6 +401,7 @@ def _check_together(p: dict[str, Any]) -> None:
         raise ParameterError("num_experts", experts,
                              f"a multiple of the ranks ({ranks}) so every rank holds whole experts")
     _check_model_divides(p)
+    _check_engine(p)
     if p.get("deepep_dir") and not p.get("nccl_site"):
         raise ParameterError("nccl_site", p.get("nccl_site"),
                              "a site-packages folder holding nvidia-nccl-cu13 2.30.4 whenever "
@@ -409,6 +427,28 @@ def _check_together(p: dict[str, Any]) -> None:
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")
+
+
+def _check_engine(p: dict[str, Any]) -> None:
+    """An engine named is one the pin set pins, with a backend it has (engine '' is the
+    place's default, asked when the stage opens)."""
+    name = p.get("engine")
+    if not name:
+        return
+    engine = catalog.engine(name)
+    chosen = p.get("pin_set")
+    if engine.pin and chosen and engine.pin not in pins_mod.set_pins(_PINS, chosen):
+        pinning = ", ".join(_sets_pinning(engine.pin)) or "none does yet"
+        raise ParameterError("pin_set", chosen, f"a pin set that pins {name} ({pinning}): "
+                                                f"set {chosen} holds no pin '{engine.pin}'")
+    if not engine.expert_parallel:
+        return
+    for param, backends in (("all2all_backend", [p.get("all2all_backend")]),
+                            ("ab_backends", p.get("ab_backends") or [])):
+        for backend in backends:
+            if backend and backend not in engine.backends:
+                raise ParameterError(param, backend, f"{', '.join(engine.backends)} with "
+                                                     f"engine {name}")
 
 
 def _check_model_divides(p: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from lib import places
 from lib.core.evidence import skip
 from lib.core.stage import Stage
-from lib.engines import server as serve
+from lib.engines import catalog, server as serve
 from lib.places import ServeSpec, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -50,8 +50,8 @@ def run(stage: Stage) -> dict[str, Any]:
     data: dict[str, Any] = {"engine": engine,
                             "model": {k: v for k, v in model.items() if k != "model_dir"},
                             "model_dir": stage.door.norm(model["model_dir"])}
-    if engine == "vllm":
-        return run_vllm(stage, place, model, data)
+    if catalog.engine(engine).expert_parallel:
+        return run_expert_parallel(stage, place, model, data, engine)
     try:
         with place.serve(ServeSpec(engine, model, timeout_s=stage["server_timeout_s"],
                                    nodes=stage["nodes"])) as server:
@@ -84,14 +84,16 @@ def answers(stage: Stage, place, server, model: dict[str, Any], data: dict[str, 
     data.update(config=config, chat=answer)
 
 
-def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """vLLM on the place's GPUs: DP = the GPUs, expert parallelism on, the backend asked for
-    (argv and env from lib.engines.vllm_args, the one builder)."""
+def run_expert_parallel(stage: Stage, place, model: dict[str, Any], data: dict[str, Any],
+                        engine: str) -> dict[str, Any]:
+    """An expert-parallel engine (vLLM, SGLang) on the place's GPUs: DP = EP over every GPU of
+    every node, the backend asked for (argv and env from the engine, lib.engines.base)."""
     backend = stage["all2all_backend"]
+    title = catalog.engine(engine).title
     try:
         gpus = place.gpus()
         data.update(gpus=gpus * stage["nodes"], backend=backend)  # DP = EP over every node
-        with place.serve(ServeSpec("vllm", model, backend=backend, num_comms=1,
+        with place.serve(ServeSpec(engine, model, backend=backend, num_comms=1,
                                    timeout_s=stage["server_timeout_s"], gpus=gpus,
                                    nodes=stage["nodes"])) as server:
             data.update(port=server.port, ready=server.ready, ready_s=server.ready_s,
@@ -102,13 +104,13 @@ def run_vllm(stage: Stage, place, model: dict[str, Any], data: dict[str, Any]) -
             if server.ready:
                 answers(stage, place, server, model, data)
             else:
-                stage.add(*serve.skip_gates(READY_GATES, "vLLM is not ready (see the gate 'server "
-                                                         "ready')"))
+                stage.add(*serve.skip_gates(READY_GATES, f"{title} is not ready (see the gate "
+                                                         "'server ready')"))
     except Unsupported as why:  # a plan: the serve rendered and checked, not started
         stage.add(*[skip(name, str(why)) for name in CLUSTER_GATES])
         data["skipped"] = str(why)
         return data
-    stage.write_json("vllm_serve.json", {k: data.get(k) for k in (
+    stage.write_json(f"{engine}_serve.json", {k: data.get(k) for k in (
         "gpus", "backend", "argv", "env", "ready_s", "startup_s", "backend_gates")})
     return data
 
@@ -130,9 +132,11 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
         ("server ready after (s)", data.get("ready_s")),
         *([("GPUs (DP = EP size)", data.get("gpus")),
            ("all-to-all backend asked", data.get("backend")),
-           ("vLLM log: first line to last API server up (s)", data.get("startup_s")),
+           (("vLLM log: first line to last API server up (s)" if data.get("engine") == "vllm"
+             else "log: first line to the last start-up line (s)"), data.get("startup_s")),
            ("backend gates", "; ".join(data.get("backend_gates") or []))]
-          if data.get("engine") == "vllm" else []),
+          if data.get("engine") in catalog.ENGINES
+          and catalog.engine(data["engine"]).expert_parallel else []),
         ("chat: HTTP status", chat.get("status")),
         ("chat: prompt / completion tokens",
          f"{usage.get('prompt_tokens')} / {usage.get('completion_tokens')}" if usage else None),

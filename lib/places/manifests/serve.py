@@ -85,6 +85,7 @@ class ServeRender:
     model_cache_dir: str  # the node's hostPath mounted at MODEL_CACHE_PATH
     secret: str | None  # the HF token's Secret, or None
     backend: str
+    engine: str  # lib.engines.catalog's name: the serve container is named by it
     argvs: Mapping[int, tuple[str, ...]]  # by ordinal (engine_commands)
     env: Mapping[str, str]  # every ordinal's: the engine's, and HF_HOME
     process_regex: str  # what a worker's readiness looks for (engine_commands)
@@ -196,7 +197,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         run_id=run_id, stage=stage, name=name, namespace=namespace, image=image, pull=pull,
         nodes=nodes, gpus=gpus, efa=efa, instance_type=instance_type, model=model,
         model_revision=model_revision, model_cache_dir=model_cache_dir, secret=secret,
-        backend=backend, argvs=commands.argvs, env=MappingProxyType(env),
+        backend=backend, engine=engine, argvs=commands.argvs, env=MappingProxyType(env),
         process_regex=commands.process_regex, unset=tuple(unset_vars("efa")), port=port,
         rpc_port=rpc_port, hugepages=hugepages_2mi, cpu=cpu, memory=memory,
         tolerations=None if tolerations is None else tuple(tolerations),
@@ -342,7 +343,7 @@ def _serve_container(render: ServeRender, *, script: str, leader_probe: bool | N
     ports = ([{"name": "http", "containerPort": port, "protocol": "TCP"}] if serves_http else [])
     ports.append({"name": "dp-rpc", "containerPort": render.rpc_port, "protocol": "TCP"})
     return {
-        "name": "vllm",
+        "name": render.engine,
         "image": render.image,
         "imagePullPolicy": render.pull,
         "command": ["bash", "-c", script],

@@ -147,8 +147,22 @@ def broken_images(driver) -> list[str]:
 
 def console_errors(driver) -> list[str]:
     """The SEVERE entries of the browser console since the last load() (uncaught exceptions,
-    console.error, failed requests), but the browser's own /favicon.ico probe (severe_messages)."""
-    return severe_messages(driver.get_log("browser"), driver.current_url)
+    console.error, failed requests), but the browser's own /favicon.ico probe (severe_messages).
+
+    Chromium hands an entry to chromedriver a moment after the page logged it (an uncaught
+    error on a loaded machine was read as none once in a make test): the log is read again
+    after a round trip to the page, until a read brings nothing new (at most SETTLE_READS)."""
+    entries = driver.get_log("browser")
+    for _ in range(SETTLE_READS):
+        driver.execute_script("return document.readyState")
+        more = driver.get_log("browser")
+        if not more and entries:
+            break
+        entries += more
+    return severe_messages(entries, driver.current_url)
+
+
+SETTLE_READS = 3
 
 
 def severe_messages(entries: list[dict], page_url: str) -> list[str]:

@@ -200,9 +200,9 @@ def engine_flags() -> dict[str, set[str]]:
     common = dict(model="org/model", max_model_len=2048, gpu_memory_utilization=0.5,
                   served_model_name="m", backend="deepep_v2")
     specs = [
-        EngineSpec(role="leader", nodes=2, gpus_per_node=8, rendezvous="a", rpc_port=29570,
+        EngineSpec(role="leader", nodes=2, gpus_per_node=8, rendezvous="s-0.s.ns.svc", rpc_port=29570,
                    revision="a" * 40, **common),
-        EngineSpec(role="worker", nodes=2, gpus_per_node=8, start_rank=8, rendezvous="a",
+        EngineSpec(role="worker", nodes=2, gpus_per_node=8, start_rank=8, rendezvous="s-0.s.ns.svc",
                    rpc_port=29570, enforce_eager=False, **common),
         EngineSpec(role="local", gpus_per_node=2, expert_parallel=False, cores="0", **common),
     ]
@@ -229,13 +229,13 @@ def flags_named(path: Path, flags) -> list[str]:
     return [text for *_, text in sorted(found)]
 
 
-# torchrun's own flags, which SGLang's launcher shares: 03's ranks (stages/kernel.py) are started
-# by torchrun, not by an engine
-TORCHRUN_FLAGS = ("--nnodes", "--node-rank")
+# Flags an engine shares with the guide's own programs, which stages/kernel.py starts: torchrun's
+# --nnodes and --node-rank (SGLang's too), the torch benchmark's --backend (TensorRT-LLM's too)
+SHARED_WITH_OUR_PROGRAMS = ("--nnodes", "--node-rank", "--backend")
 
 
 def test_no_stage_or_place_module_names_an_engine_flag():
-    flags = {f: e for f, e in engine_flags().items() if f not in TORCHRUN_FLAGS}
+    flags = {f: e for f, e in engine_flags().items() if f not in SHARED_WITH_OUR_PROGRAMS}
     assert {"--all2all-backend", "--enable-expert-parallel", "--headless",
             "--continuous-batching", "--moe-a2a-backend", "--dist-init-addr"} <= set(flags)
     modules = sorted([*(LIB / "stages").glob("*.py"), *(LIB / "places").rglob("*.py")])

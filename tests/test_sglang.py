@@ -161,7 +161,7 @@ def test_the_registry_picks_its_pin_set_and_refuses_what_it_cannot_serve():
                                              "allgather_reducescatter with engine sglang"):
         registry.resolve("04_serve", {"context": "plan", "engine": "sglang",
                                       "all2all_backend": "deepep_high_throughput"})
-    with pytest.raises(ParameterError, match="'engine'.*sglang, transformers, vllm"):
+    with pytest.raises(ParameterError, match="'engine'.*sglang, transformers, trtllm, vllm"):
         registry.resolve("04_serve", {"context": "plan", "engine": "trt"})
 
 

@@ -5,9 +5,10 @@ from lib.core.errors import ParameterError
 from lib.engines.base import Engine
 from lib.engines.sglang import SglangEngine
 from lib.engines.transformers import TransformersEngine
+from lib.engines.trtllm import TrtllmEngine
 from lib.engines.vllm import VllmEngine
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), SglangEngine(),
+ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), SglangEngine(), TrtllmEngine(),
                                                   TransformersEngine())}
 
 

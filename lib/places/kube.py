@@ -102,7 +102,7 @@ class KubeServer(ClusterServer):
 class KubePlace(Place):
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
-    engines = ("vllm", "sglang")
+    engines = ("vllm", "sglang", "trtllm")
 
     def __init__(self, stage):
         super().__init__(stage)

@@ -375,6 +375,38 @@ def test_05_aiperf_runs_as_a_job_beside_the_serve_and_its_files_come_back(env, t
     replay.finish()
 
 
+def test_05_sweeps_sglang_through_the_same_aiperf_job_and_reader(env, tmp_path):
+    """04 then 05 with engine sglang on kube: the SGLang StatefulSet (logs composed from its
+    0.5.19 source's formats), AIPerf as a Job per cell against its leader's Service with
+    ignore_eos (SGLang takes it, entrypoints/openai/protocol.py), the same reader and gates;
+    no /metrics counter gate (that one reads vLLM's own counter)."""
+    from lib.stages import sweep as sweep_stage
+
+    p = env.stage("04_serve", tmp_path / "probe", engine="sglang").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve("sglang", compose.compose_sglang_pods(tmp_path / "logs"), model=p["model"],
+              revision=p["model_revision"], config=config)
+    env.aiperf_jobs([f"aiperf-sglang-c{c}-r1" for c in (1, 2, 4)],
+                    [f"concurrency_{c}" for c in (1, 2, 4)])
+    run = tmp_path / "run"
+    s04 = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, engine="sglang")
+    serve_stage.run(s04)
+    s04.finish()
+    stage = env.stage("05_sweep", run, engine="sglang", **SWEEP)
+    data = sweep_stage.run(stage)
+    stage.finish()
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status == "FAIL"]
+    assert got["aiperf sglang c4 repeat 1: AIPerf exit 0"] == "PASS"
+    assert not any("counted the generated tokens" in n for n in got)
+    assert list(data["summary"]["requests_completed"]) == [40] * 3
+    job = (run / "05_sweep" / "manifests" / "aiperf-sglang-c4-r1.yaml").read_text()
+    assert "ignore_eos" in job and "sglang-http" in job
+    assert data["title"].startswith("SGLang, deepep_v2, EP over 16 GPUs")
+    assert env.objects_left() == []
+
+
 def test_06_ep_num_comms_arms_each_a_whole_serve_interleaved_and_answers_checked(env, tmp_path):
     """06 on kube: EP_NUM_COMMS 1 against 8, each arm's StatefulSet recreated whole for its
     block of cells (delete, apply, wait ready), the arms' order reversed on the second repeat,

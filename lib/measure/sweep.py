@@ -39,7 +39,9 @@ TIMEOUT_CODES = (124, 137)  # timeout's codes: TERM worked / KILL was needed
 REQUEST_TIMEOUT_S = 120  # AIPerf's per-request HTTP timeout: a stuck request fails, not hangs
 DEAD_HUB = "http://127.0.0.1:9"  # any Hugging Face Hub call fails fast (no HF_HUB_OFFLINE here)
 MMAP_FOLDER = "aiperf-mmap"
-ENGINES_WITH_IGNORE_EOS = ("vllm",)
+# SGLang 0.5.19 takes it on both routes (entrypoints/openai/protocol.py:370, 902); TensorRT-LLM's
+# OpenAI server is not read here (its wheels are not reachable): it gets the same field, unproven
+ENGINES_WITH_IGNORE_EOS = ("vllm", "sglang", "trtllm")
 # AIPerf treats a local tokenizer path as a hub id when either variable is set, to any value;
 # a notebook kernel may carry them from the serving side, and the door's env can only add keys.
 UNSET_OFFLINE = ["env", "-u", "HF_HUB_OFFLINE", "-u", "TRANSFORMERS_OFFLINE"]

@@ -64,7 +64,7 @@ import pandas as pd
 from lib import places
 from lib.core.evidence import Gate, gate, skip
 from lib.core.stage import Stage
-from lib.engines import server as serve
+from lib.engines import catalog, server as serve
 from lib.measure import serving, stats
 from lib.measure.serving import Arm
 from lib.places import Unsupported
@@ -137,8 +137,12 @@ def run(stage: Stage) -> dict:
                                  round(ratio["high"], 3)],
                        expected="ratio, low, high from scipy.stats.bootstrap",
                        reason=_verdict(ratio, a, b), evidence=evidence + [f"{stage.name}/ratio.json"]))
+    engine = serve.resolve_engine(stage)
     stage.add(skip("serving-level A/B (EP_NUM_COMMS in vLLM)",
-                   f"engine {serve.resolve_engine(stage)!r} serves without an expert-parallel "
+                   f"engine {engine!r}: this lever's serving A/B is wired for vLLM only (06 with "
+                   "engine 'vllm'); the kernel-level A/B above is the lever here"
+                   if catalog.engine(engine).expert_parallel else
+                   f"engine {engine!r} serves without an expert-parallel "
                    "all-to-all; the serving A/B needs vLLM on DeepEP's ElasticBuffer (06 with "
                    "engine 'vllm': on one GPU host its serving A/B, on kube or slurm this lever)"))
     return {"runs": runs, "ratio": ratio, "a": a, "b": b}

@@ -32,7 +32,7 @@ import pandas as pd
 from lib import places
 from lib.core.evidence import gate, skip
 from lib.core.stage import Stage
-from lib.engines import server as serve
+from lib.engines import catalog, server as serve
 from lib.measure import serving, sweep
 from lib.places import Unsupported
 from lib.stages import ab
@@ -81,7 +81,8 @@ def run(stage: Stage) -> dict[str, Any]:
               f"repeats, {sweep.requests_said(p)} requests (+{warmup_said(p)} warmup) each, "
               f"~{p['input_tokens']} tokens in, {p['output_tokens']} out", flush=True)
 
-    arm = serving.Arm("vLLM" if engine == "vllm" else engine, engine)
+    ep = catalog.engine(engine).expert_parallel
+    arm = serving.Arm(catalog.engine(engine).title if ep else engine, engine)
     shape = serving.traffic_shapes(p, prefill=False)
     try:
         m = serving.measure(stage, ab.arm_servers(stage, place, model, engine, None), (arm,),
@@ -104,7 +105,7 @@ def run(stage: Stage) -> dict[str, Any]:
                    len(frame), len(cells), f"{len(frame)} of {len(cells)} cells in the summary",
                    summary_files))
     runs = m.runs[(arm.slug, shape[0].name)]
-    if engine == "vllm":
+    if engine == "vllm":  # its own /metrics counter, read around each cell (lib.measure.serving)
         stage.add(*sweep.token_count_gates(runs, p["request_count"], p["output_tokens"], engine))
     memory = {"after_ready_bytes": m.after_ready_rss,
               "after_cell": [{"repeat": r.cell.repeat, "concurrency": r.cell.concurrency,
@@ -112,8 +113,8 @@ def run(stage: Stage) -> dict[str, Any]:
               "limit_bytes": sweep.RSS_LIMIT_BYTES, "pid": server.proc.pid if server.proc else None}
     memory_file = stage.write_json("memory.json", memory)
     stage.add(sweep.rss_gate(runs, memory["after_ready_bytes"], [memory_file], server.device))
-    title = (f"vLLM, {p['all2all_backend']}, EP over {getattr(server, 'gpus', '?')} GPUs, "
-             f"{p['repeats']} repeats" if engine == "vllm" else
+    title = (f"{arm.name}, {p['all2all_backend']}, EP over {getattr(server, 'gpus', '?')} GPUs, "
+             f"{p['repeats']} repeats" if ep else
              f"{engine} serve, tiny seeded MoE, {p['repeats']} repeats")
     plots = [sweep.save_png(stage, "throughput.png", sweep.plot_throughput(frame, title)),
              sweep.save_png(stage, "latency.png", sweep.plot_latency(frame, title))]

@@ -503,6 +503,8 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
     """What the guide runs (from the committed runs), what it only renders, and what the public
     sources claim (cited, with dates)."""
     engines = {"vLLM": lambda r: r.serving.startswith("vLLM"),
+               "SGLang": lambda r: r.serving.startswith("SGLang"),
+               "TensorRT-LLM": lambda r: r.serving.startswith("TensorRT-LLM"),
                "DeepEP test_ep": lambda r: r.kernel.startswith("DeepEP"),
                "torch benchmark": lambda r: "torch benchmark" in r.kernel,
                "transformers serve (tiny model)": lambda r: r.serving.startswith("transformers")}
@@ -544,6 +546,14 @@ def pin_sets_line(runs: list[Run]) -> str:
 # Rendered and validated (kubernetes-validate, shellcheck) but not run here: build-only.
 RENDER_ONLY = {
     ("vLLM", "Slurm"): "build-only: leader and worker steps rendered, shellchecked",
+    # no committed run: what `make test` runs (tests/test_kube_stages.py, tests/test_sglang.py,
+    # tests/test_trtllm.py) and what a plan renders; never measured anywhere here
+    ("SGLang", "Kubernetes"): "control plane with simulated nodes (make test): 04 and 05 on "
+                              "logs composed from SGLang 0.5.19's source; no committed run",
+    ("SGLang", "Slurm"): "build-only: a step per node rendered, shellchecked (plan)",
+    ("TensorRT-LLM", "Kubernetes"): "control plane with simulated nodes (make test): 04 on the "
+                                    "public reproduction's recorded logs; no committed run",
+
     ("DeepEP test_ep", "Slurm"): "build-only: the test_ep step rendered, shellchecked",
 }
 

@@ -8,6 +8,7 @@ in one allocation; afterwards nothing of a job is queued or alive. And the plan 
 scancel recorded, nothing run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -590,3 +591,72 @@ def test_the_arms_of_an_a_b_share_one_allocation_until_the_stage_closes(cluster,
     last = [g for g in stage.gates if g.gate == "C: server stopped"][0]
     assert last.status == "PASS" and last.observed["allocation_gone"] is True
     assert_nothing_left(cluster)
+
+
+# ---- serving: 04 with an expert-parallel engine, a step per node ---------------------------------
+@needs_slurm
+def test_04_serves_sglang_as_a_step_per_node_and_gates_every_node_s_log(tmp_path_factory,
+                                                                      monkeypatch):
+    """-p engine sglang on a two-node Slurm whose nodes declare 8 GPUs each (Gres=gpu:8): one
+    allocation, a step per node with its node rank, every node's log gated as SGLang's formats
+    say, the model's config read on node 0 from the HF cache, nothing left. What runs in each
+    step is tests/engine_double.py (no GPU here): it prints the argv SGLang would have run and
+    the node's log composed from SGLang 0.5.19's formats, and node 0 answers the API with a
+    recorded vLLM serve's bodies. A rank without its EFA provider line FAILs that gate."""
+    from lib.engines.sglang import SglangEngine
+    from tests import compose
+    from tests.kube_env import RECORDED_RUN, model_config
+
+    gres = slurmlocal.LocalSlurm()
+    gres.start(tmp_path_factory.mktemp("gres8"), nodes=2, gres_gpus=8)
+    try:
+        for key, value in gres.env.items():
+            monkeypatch.setenv(key, value)
+        base = tmp_path_factory.mktemp("sglang")
+        given = {"venv": VENV, "engine": "sglang", "server_timeout_s": 60.0}
+        p = slurm_stage(base / "probe", "04_serve", given).params
+        cache = base / "hf"
+        snapshot = (cache / "hub" / f"models--{p['model'].replace('/', '--')}" / "snapshots"
+                    / p["model_revision"])
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(json.dumps(
+            model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)))
+        real = SglangEngine.command
+        double = REPO_ROOT / "tests" / "engine_double.py"
+
+        def stood_in(logs):
+            def command(self, spec):
+                argv, env = real(self, spec)
+                return [argv[0], str(double), str(logs), str(RECORDED_RUN), "--", *argv], env
+            return command
+
+        monkeypatch.setattr(SglangEngine, "command",
+                            stood_in(compose.compose_sglang_pods(base / "logs")[0].parent))
+        run_dir = base / "run"
+        stage = slurm_stage(run_dir, "04_serve", {**given, "model_cache_dir": str(cache)})
+        data = stage04.run(stage)
+        stage.finish()
+        got = {g.gate: g for g in stage.gates}
+        assert {n: g.reason for n, g in got.items() if g.status != "PASS"} == {}
+        for name in ("sglang_moe_a2a_backend", "sglang_elastic_buffer_per_rank",
+                     "nccl_init_per_rank", "efa_provider_per_rank",
+                     "model config is a Mixture of Experts", "server stopped"):
+            assert name in got, name
+        starts = _calls(run_dir, "04_serve", "start")
+        assert len(starts) == 2 and all(f"--gres=gpu:8" in s for s in starts)
+        assert [s[s.index("--node-rank") + 1] for s in starts] == ["0", "1"]
+        assert data["gpus"] == 16
+        assert (stage.dir / "sglang-node1.log").exists()
+        assert_nothing_left(gres)
+        monkeypatch.setattr(SglangEngine, "command", stood_in(compose.compose_sglang_pods(
+            base / "dropped", drop_provider_rank=12)[0].parent))
+        stage = slurm_stage(base / "run-dropped", "04_serve", {**given,
+                                                               "model_cache_dir": str(cache)})
+        stage04.run(stage)
+        stage.finish()
+        failed = [g for g in stage.gates if g.status == "FAIL"]
+        assert [g.gate for g in failed] == ["efa_provider_per_rank"]
+        assert "rank(s) 12 of 16" in failed[0].reason
+        assert_nothing_left(gres)
+    finally:
+        gres.stop()

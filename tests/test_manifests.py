@@ -177,7 +177,7 @@ print(json.dumps({{"argv": [os.path.basename(sys.argv[0])] + sys.argv[1:],
 @pytest.fixture(scope="module")
 def fake_bin(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("fakebin")
-    for name in ("vllm", "python3"):
+    for name in ("vllm", "python3", "sglang", "mpirun"):
         (d / name).write_text(FAKE.format(python=sys.executable))
         (d / name).chmod(0o755)
     return d
@@ -259,6 +259,39 @@ def test_the_leaderworkerset_renders_the_same_serve(fake_bin):
     # the leader's template does not run a worker, nor the worker's the leader
     assert run_entrypoint(leader_c["command"][2], leader_c, fake_bin, LWS_WORKER_INDEX="1").returncode == 64
     assert run_entrypoint(worker_c["command"][2], worker_c, fake_bin, LWS_WORKER_INDEX="0").returncode == 64
+
+
+@pytest.mark.parametrize("engine, leader_words, worker_words", [
+    ("sglang", ["sglang", "serve"], ["sglang", "serve"]),
+    ("trtllm", ["mpirun"], ["/usr/sbin/sshd"]),
+])
+def test_every_engine_renders_into_both_shapes_and_each_index_runs_its_own_argv(
+        fake_bin, engine, leader_words, worker_words):
+    """The StatefulSet and the LeaderWorkerSet of another engine: each ordinal (StatefulSet
+    hostname, LWS_WORKER_INDEX) execs the argv the engine rendered for it: SGLang's node rank,
+    TensorRT-LLM's mpirun on the leader and sshd on the worker (whose absolute path no fake
+    stands in for: its branch is read, not run)."""
+    params = {**SERVE, "engine": engine, "name": engine}
+    want = {k: mf.serve_argv(k, **params)[0] for k in (0, 1)}
+    assert want[0][:len(leader_words)] == leader_words
+    assert want[1][:len(worker_words)] == worker_words
+    if engine == "sglang":
+        assert ("--node-rank", "0") in pairs(want[0]) and ("--node-rank", "1") in pairs(want[1])
+    sts = serve_container(mf.vllm_objects(**params))
+    _, lws = mf.leaderworkerset_objects(**params)
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    leader_c = lwt["leaderTemplate"]["spec"]["containers"][0]
+    worker_c = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert sts["name"] == leader_c["name"] == worker_c["name"] == engine
+    runs = [(sts, {"HOSTNAME": f"{engine}-0"}, 0), (leader_c, {"LWS_WORKER_INDEX": "0"}, 0)]
+    if engine == "sglang":
+        runs += [(sts, {"HOSTNAME": f"{engine}-1"}, 1), (worker_c, {"LWS_WORKER_INDEX": "1"}, 1)]
+    else:
+        assert "exec /usr/sbin/sshd -D -e -p 2222" in worker_c["command"][2]
+    for container, env, index in runs:
+        proc = run_entrypoint(container["command"][2], container, fake_bin, **env)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.splitlines()[-1])["argv"] == want[index], (env, index)
 
 
 # ---- shellcheck -------------------------------------------------------------------------------

@@ -93,24 +93,8 @@ _API_STARTED_RE = re.compile(r"Started (\d+) API server processes")
 _TS_RE = re.compile(
     r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
 
-_MAX_QUOTE = 240
-
-
-def _lines(text: str) -> list[str]:
-    """The log's lines as `grep -n` numbers them: broken at line feeds only. A carriage return
-    inside one (a progress bar's frames, CRLF banners) is dropped, which also keeps a worker's
-    "(Worker pid=N) " prefix on the frame printed after it."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.replace("\r", "") for line in lines]
-
-
-def _quote(log_name: str, lineno: int, line: str) -> str:
-    line = line.rstrip()
-    if len(line) > _MAX_QUOTE:
-        line = line[:_MAX_QUOTE] + " ..."
-    return f"{log_name}:{lineno}: {line}"
+# the log's lines as `grep -n` numbers them, and a quoted line: the same for every engine
+from lib.engines.nccl_logs import lines_of as _lines, quote as _quote  # noqa: E402
 
 
 def _find(lines: list[str], pattern: re.Pattern) -> list[tuple[int, str, re.Match]]:

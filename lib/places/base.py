@@ -57,10 +57,11 @@ class ClusterServer(Server):
 
     def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
                    env: dict[str, str]):
-        """One AIPerf cell where this server runs, its files into `out` (a CallResult): every
-        cluster place's Server answers it where it runs (its AIPerf env is the place's, not
-        this machine's `env`)."""
-        raise NotImplementedError(f"{type(self).__name__} runs no AIPerf")
+        """One AIPerf cell where this server runs, its files into `out` (a CallResult): its
+        place's `aiperf_beside` (kube: a Job beside the pods, lib.places.manifests.aiperf_job,
+        its files back through its log; slurm: a step of the allocation on node 0, writing on
+        the shared file system). The AIPerf env is the place's, not this machine's `env`."""
+        return self.place.aiperf_beside(self, argv_for, timeout=timeout, out=out, name=name)
 
 
 def saved_model_config(stage, call) -> tuple[dict | None, str | None]:

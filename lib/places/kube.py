@@ -68,20 +68,13 @@ _REQUEST_SCRIPT = (
 
 @dataclass
 class KubeServer(ClusterServer):
-    """A vLLM serve on the cluster: `url` is the leader Service's address inside the cluster."""
+    """A serve on the cluster (any engine): `url` is the leader Service's address inside the cluster."""
     pods: list[str] = field(default_factory=list)
     service: str = ""
 
     @property
     def url(self) -> str:
         return f"http://{self.service}:{manifests.HTTP_PORT}"
-
-    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
-                   env: dict[str, str] | None = None):
-        """AIPerf as a Job beside the serve (lib.places.manifests.aiperf_job), its files back
-        through its log into `out` (lib.places.stream). `argv_for(aiperf, artifact_dir, cores)`
-        builds AIPerf's argv (lib.measure.sweep's one builder)."""
-        return self.place.run_aiperf_job(self, argv_for, timeout=timeout, out=out, name=name)
 
     def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
         """From inside the cluster: python3 in the leader pod asks the leader's Service."""
@@ -426,7 +419,7 @@ class KubePlace(Place):
             timeout=KUBECTL_TIMEOUT_S, check=False)
         return saved_model_config(self.stage, call)
 
-    def run_aiperf_job(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
+    def aiperf_beside(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
                        name: str) -> CallResult:
         """One AIPerf cell as a Job in the cluster against the leader's Service; what it wrote
         comes back through its log (a finished Job's pod cannot be copied from) into `out`,

@@ -85,13 +85,6 @@ class SlurmServer(ClusterServer):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
-                   env: dict[str, str] | None = None):
-        """AIPerf as a step of the server's allocation on node 0, writing into `out` on the
-        shared file system. `argv_for(aiperf, artifact_dir, cores)` builds AIPerf's argv
-        (lib.measure.sweep's one builder)."""
-        return self.place.run_aiperf_step(self, argv_for, timeout=timeout, out=out, name=name)
-
 
 @dataclass
 class _Held:
@@ -392,7 +385,7 @@ class SlurmServing:
             timeout=CONFIG_TIMEOUT_S, label="the served model's config.json")
         return saved_model_config(self.stage, call)
 
-    def run_aiperf_step(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
+    def aiperf_beside(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
                         name: str) -> CallResult:
         """One AIPerf cell as a step of the server's allocation on node 0, against node 0's
         address; AIPerf writes its files straight into `out` (the cell's folder, on the shared

@@ -147,15 +147,21 @@ def test_the_committed_sets():
     data = COMMITTED
     assert pins.validate(data) == []
     assert pins.set_names(data) == ["seed-2026-07", "current", "newest-2026-12",
-                                    "aws-sample-2026-09"]
+                                    "aws-sample-2026-09", "sglang-0.5.19", "trtllm-0.21.0"]
     assert pins.base_set(data) == "seed-2026-07" == pins.RECORDED_BEFORE_SETS
     assert pins.set_pins(data, "seed-2026-07") == data["pins"]  # exactly today's pins
     levels = {n: s["level"] for n, s in data["sets"].items()}
     assert levels == {"seed-2026-07": "served-e2e", "current": "verified-at-source",
-                      "newest-2026-12": "verified-at-source", "aws-sample-2026-09": "cited"}
-    for name in pins.set_names(data):  # complete: every role the guide needs
-        resolved = pins.set_pins(data, name)
-        assert set(ROLES) <= set(resolved), (name, set(ROLES) - set(resolved))
+                      "newest-2026-12": "verified-at-source", "aws-sample-2026-09": "cited",
+                      "sglang-0.5.19": "verified-at-source", "trtllm-0.21.0": "cited"}
+    for name in pins.set_names(data):  # complete: every role the guide needs, its engine's pin
+        resolved = pins.set_pins(data, name)  # in vLLM's place where another engine serves
+        engine = next(e for e in ("vllm", "sglang", "tensorrt_llm") if e in resolved)
+        need = {r for r in ROLES if r != "vllm"} | {engine}
+        assert need <= set(resolved), (name, need - set(resolved))
+    assert pins.describe(pins.set_pins(data, "sglang-0.5.19")["sglang"]) == "sglang==0.5.19"
+    assert pins.describe(pins.set_pins(data, "trtllm-0.21.0")["tensorrt"]) == \
+        "tensorrt==10.11.0.33"
     what = {name: {role: pins.describe(pin) for role, pin in pins.set_pins(data, name).items()}
             for name in pins.set_names(data)}
     assert what["current"]["vllm"] == "vllm==0.26.0"
@@ -178,8 +184,10 @@ def test_the_committed_sets():
     patch = "vllm_patch_deepep_v2_expert_ids"
     assert [n for n in pins.set_names(data) if patch in pins.set_pins(data, n)] == \
         ["seed-2026-07", "current"]
+    # the trio goes with b306af06: the seed's, and the two engine sets that keep the seed's
+    # DeepEP build (R's TensorRT-LLM lane built it so; SGLang's set inherits it, book/pin_sets.md)
     assert [n for n in pins.set_names(data) if "deepep_patch_0001" in pins.set_pins(data, n)] == \
-        ["seed-2026-07"]
+        ["seed-2026-07", "sglang-0.5.19", "trtllm-0.21.0"]
     # the Dockerfile builds the base set: its ARGs are unchanged by sets
     assert pins.dockerfile_args(data) == pins.dockerfile_args(pins.select(data, "seed-2026-07"))
 
@@ -227,9 +235,10 @@ def test_the_book_page_names_every_set_its_level_and_its_vllm():
     page = (REPO_ROOT / "book" / "pin_sets.md").read_text()
     for row in pins.set_overview(COMMITTED):
         assert f"**`{row['set']}`** ({row['level']}" in page, row["set"]
-        vllm = pins.set_pins(COMMITTED, row["set"])["vllm"]
-        said = (f"`vllm=={vllm['version']}`" if vllm["kind"] == "pypi"
-                else f"`{vllm['commit'][:8]}`")
+        held = pins.set_pins(COMMITTED, row["set"])
+        engine = next(held[e] for e in ("vllm", "sglang", "tensorrt_llm") if e in held)
+        said = (f"`{engine['package']}=={engine['version']}`" if engine["kind"] == "pypi"
+                else f"`{engine['commit'][:8]}`")
         assert said in page, (row["set"], said)
 
 

@@ -75,6 +75,56 @@ def test_loopback_public_test_addresses_versions_and_pseudonyms_stay(text):
     assert naming.Identities(None).pseudonymise(text) == text
 
 
+def test_a_pinned_version_shaped_like_an_address_is_no_address_and_a_real_one_still_is():
+    """tensorrt 10.11.0.33 (pins.yaml): a public fact, kept wherever it stands (a JSON value, a
+    table cell); an address beside it is still renamed, and a 4-part version pins.yaml does not
+    pin cannot be told from one (it is renamed, as a bare `pip list` column is)."""
+    assert "10.11.0.33" in naming.NOT_ADDRESSES
+    text = '"version": "10.11.0.33", leader 10.11.0.34, tensorrt 10.16.1.11'
+    assert naming.Identities(None).pseudonymise(text) == \
+        '"version": "10.11.0.33", leader 198.51.100.0, tensorrt 198.51.100.1'
+    from lib.publish import scan  # the book's last check agrees: one finding, the address
+
+    found = scan.find_in_text("pins: tensorrt 10.11.0.33, a node at 10.11.0.34\n", "page.md")
+    assert [(f.line, f.kind) for f in found] == [(1, scan.PRIVATE_IPV4)]
+    assert scan.find_in_text("tensorrt 10.11.0.33\n", "page.md") == []
+
+
+def test_a_public_index_s_answer_keeps_its_versions_and_still_masks_a_secret(run_dir):
+    """door.http(public_response=True): a real HTTP server on 127.0.0.1 answers with dotted
+    versions and a planted token; the recorded body keeps the versions and masks the token."""
+    import http.server
+    import threading
+
+    token = "hf_" + "q" * 34
+    body = json.dumps({"releases": {"10.16.1.11": [], "10.11.0.33": []}, "echo": token}).encode()
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        door = Door(run_dir, "01_public_roots")
+        url = f"http://127.0.0.1:{server.server_port}/pypi/tensorrt/json"
+        public = door.http("GET", url, timeout=10, headers={"Authorization": f"Bearer {token}"},
+                           public_response=True)
+        plain = door.http("GET", url, timeout=10, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        server.shutdown()
+    assert "10.16.1.11" in public.body and token not in public.body
+    assert "10.16.1.11" not in plain.body and token not in plain.body  # the default renames it
+    recorded = (run_dir / "calls" / "01_public_roots" / f"{public.seq:04d}.body").read_text()
+    assert "10.16.1.11" in recorded and token not in recorded
+
+
 def test_a_host_and_its_address_share_a_number_and_pseudonyms_are_fixed_points():
     table = naming.Identities(None)
     world = ("pod 10.244.0.7 then node ip-10-1-2-3.ec2.internal at 10.1.2.3; "

@@ -491,13 +491,18 @@ class Door:
     def http(
         self, method: str, url: str, *, timeout: float, json_body: Any = None,
         headers: dict[str, str] | None = None, secret_response: bool = False,
+        public_response: bool = False,
     ) -> HttpResult:
         """One HTTP request. Request headers are sent but recorded by name only (they carry
         tokens); response headers are recorded redacted.
 
         `secret_response=True` declares that the answer carries a credential the caller must use
         (a registry's anonymous pull token): the caller gets the raw body, the transcript and
-        a replay the redacted one. Such a body must never be displayed."""
+        a replay the redacted one. Such a body must never be displayed.
+
+        `public_response=True` declares a public index's answer (PyPI, a registry, GitHub): its
+        body holds no cluster's identity, and its dotted versions (tensorrt's 10.16.1.11) are
+        kept as they are, not pseudonymised as addresses; secrets are masked all the same."""
         self._learn(redaction.secrets_in_headers(headers) + redaction.secrets_in_argv([url]))
         key = {"method": method, "url": self._clean(url)}
         if self.planning and not self.replay:
@@ -513,7 +518,8 @@ class Door:
             method, self._reveal(url), timeout, sent,
             {k: self._reveal(str(v)) for k, v in (headers or {}).items()})
         seq = self._seq
-        raw, body = body, self._clean(body)
+        raw, body = body, (redaction.redact(self.norm(body), self._secrets) if public_response
+                           else self._clean(body))
         error = self._clean(error) if error else error
         got = {k: self._clean(v) for k, v in got.items()}
         self._record("http", key, status=status, error=error, duration_s=round(duration, 6),

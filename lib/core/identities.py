@@ -76,6 +76,22 @@ PRIVATE_NETWORKS = tuple(ipaddress.IPv4Network(net) for net in (
 PSEUDONYM_BLOCKS = (ipaddress.IPv4Network("198.51.100.0/24"),
                     ipaddress.IPv4Network("203.0.113.0/24"))
 HOST_PREFIX, ADDRESS_PREFIX, ACCOUNT_PREFIX = "node-", "addr-", "account-"
+
+
+def _pinned_versions(path: Path) -> frozenset[str]:
+    """The versions pins.yaml pins that have an address's shape (tensorrt 10.11.0.33): public
+    facts, never a cluster's address. Read as text (the core reads no YAML of the roots'): every
+    `version: A.B.C.D` line."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(re.findall(r"(?m)^\s*version:\s*[\"']?(\d{1,3}(?:\.\d{1,3}){3})[\"']?\s*$",
+                                text))
+
+
+# one source: the repository's pins.yaml, beside lib/
+NOT_ADDRESSES = _pinned_versions(Path(__file__).resolve().parents[2] / "pins.yaml")
 STATE_DIR_ENV = "REPRO_IDENTITIES_DIR"
 STATE_MAX_AGE_S = 30 * 24 * 3600  # an untouched table is dropped when a new one is made
 
@@ -163,7 +179,7 @@ def spans(text: str) -> list[Span]:
             continue  # an ip- name (above), or a pseudonym already
         found.append((m.start(1), m.end(1), "host", HOST, "name:" + label))
     for m in PRIVATE_IPV4.finditer(text):
-        if is_private(m.group()):
+        if is_private(m.group()) and m.group() not in NOT_ADDRESSES:
             found.append((m.start(), m.end(), "address", HOST, m.group()))
     found.sort(key=lambda s: (s[0], -s[1]))
     kept: list[Span] = []

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.core import redact
+from lib.core.identities import NOT_ADDRESSES
 from lib.core.errors import REFUSAL_LINES, PublishRefused  # noqa: F401  raised here
 
 # Kinds, as printed in a refusal (one word each, so `path:line kind masked` splits on spaces).
@@ -110,6 +111,8 @@ def _is_private_ipv4(match: re.Match) -> bool:
     except ValueError:  # an octet over 255, or a leading zero: not an address
         return False
     if not any(address in network for network in PRIVATE_NETWORKS):
+        return False
+    if match.group() in NOT_ADDRESSES:  # a pinned version (lib.core.identities)
         return False
     text, start, end = match.string, match.start(), match.end()
     return not (_is_decimals(_NUMBERS_BEFORE.search(text, max(0, start - 32), start))

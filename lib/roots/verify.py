@@ -164,11 +164,14 @@ def _repo_name(url: str) -> str:
 
 def _http(door, method: str, url: str, headers: dict[str, str] | None = None,
           secret_response: bool = False):
+    # every source here is a public index: its versions are kept as they are (door.http)
     if secret_response:  # the answer is a credential: used raw, recorded redacted
-        return door.http(method, url, timeout=HTTP_TIMEOUT_S, secret_response=True)
+        return door.http(method, url, timeout=HTTP_TIMEOUT_S, secret_response=True,
+                         public_response=True)
     if headers:
-        return door.http(method, url, timeout=HTTP_TIMEOUT_S, headers=headers)
-    return door.http(method, url, timeout=HTTP_TIMEOUT_S)
+        return door.http(method, url, timeout=HTTP_TIMEOUT_S, headers=headers,
+                         public_response=True)
+    return door.http(method, url, timeout=HTTP_TIMEOUT_S, public_response=True)
 
 
 def _headers(result) -> dict[str, str]:

@@ -208,25 +208,46 @@ def test_04_vllm_statefulset_serves_through_the_leader_service(env, tmp_path):
     replay.finish()
 
 
+def serve_pods(env, tmp_path, engine: str, logs) -> dict:
+    """The StatefulSet of `engine` on the control plane, its pods logging `logs` and answering
+    the recorded vLLM serve's OpenAI bodies (the same API): the stage's parameters."""
+    p = env.stage("04_serve", tmp_path / "probe", engine=engine).params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve(engine, logs, model=p["model"], revision=p["model_revision"], config=config)
+    return p
+
+
+def run_04(env, run, engine: str):
+    """04 with `engine` run (and shown) into `run`: the finished stage."""
+    stage = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, engine=engine)
+    serve_stage.show(stage, serve_stage.run(stage))
+    stage.finish()
+    return stage
+
+
+def assert_every_gate_passes(stage) -> dict[str, str]:
+    got = statuses(stage)
+    assert {n: s for n, s in got.items() if s != "PASS"} == {}, \
+        [(g.gate, g.reason) for g in stage.gates if g.status != "PASS"]
+    return got
+
+
+def the_one_failure(stage, gate_name: str, said: str) -> None:
+    failed = [g for g in stage.gates if g.status == "FAIL"]
+    assert [g.gate for g in failed] == [gate_name]
+    assert said in failed[0].reason, failed[0].reason
+
+
 def test_04_sglang_serves_as_the_same_statefulset_and_its_logs_are_gated(env, tmp_path):
     """-p engine sglang on the real control plane: the same StatefulSet shape (pods
     sglang-0/-1, the container named by its engine, node ranks 0 and 1), the leader's /health
     probe, every pod's log gated as SGLang's formats say (the logs composed from SGLang 0.5.19's
     source, tests/compose.py; the answers are the recorded vLLM serve's OpenAI bodies, the
     same API). A rank whose ElasticBuffer line is missing FAILs its gate, naming it."""
-    p = env.stage("04_serve", tmp_path / "probe", engine="sglang").params
+    p = serve_pods(env, tmp_path, "sglang", compose.compose_sglang_pods(tmp_path / "logs"))
     assert p["pin_set"] == "sglang-0.5.19"
-    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
-    env.serve("sglang", compose.compose_sglang_pods(tmp_path / "logs"), model=p["model"],
-              revision=p["model_revision"], config=config)
     run = tmp_path / "run"
-    stage = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, engine="sglang")
-    data = serve_stage.run(stage)
-    serve_stage.show(stage, data)
-    stage.finish()
-    got = statuses(stage)
-    assert {n: s for n, s in got.items() if s != "PASS"} == {}, \
-        [(g.gate, g.reason) for g in stage.gates if g.status != "PASS"]
+    got = assert_every_gate_passes(run_04(env, run, "sglang"))
     for name in ("sglang_moe_a2a_backend", "sglang_deepep_v2_mode_per_node",
                  "sglang_elastic_buffer_per_rank", "sglang_server_fired_up",
                  "nccl_init_per_rank", "efa_provider_per_rank", "chat request answers with "
@@ -240,15 +261,10 @@ def test_04_sglang_serves_as_the_same_statefulset_and_its_logs_are_gated(env, tm
                        engine="sglang")
     serve_stage.run(replay)
     replay.finish()
-    env.serve("sglang", compose.compose_sglang_pods(tmp_path / "dropped", drop_buffer_rank=11),
-              model=p["model"], revision=p["model_revision"], config=config)
-    stage = env.stage("04_serve", tmp_path / "run-dropped", model_cache_dir=MODEL_CACHE,
-                      engine="sglang")
-    serve_stage.run(stage)
-    stage.finish()
-    failed = [g for g in stage.gates if g.status == "FAIL"]
-    assert [g.gate for g in failed] == ["sglang_elastic_buffer_per_rank"]
-    assert "rank(s) 11 of 16" in failed[0].reason
+    serve_pods(env, tmp_path, "sglang",
+               compose.compose_sglang_pods(tmp_path / "dropped", drop_buffer_rank=11))
+    the_one_failure(run_04(env, tmp_path / "run-dropped", "sglang"),
+                    "sglang_elastic_buffer_per_rank", "rank(s) 11 of 16")
 
 
 TRTLLM_RECORDED = (compose.FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
@@ -260,33 +276,19 @@ def test_04_trtllm_leader_s_recorded_log_is_gated_and_a_missing_rank_fails(env, 
     what R's TensorRT-LLM 0.21.0 serve logged on 2x p5en (its committed provider_evidence.log),
     the worker pod its sshd's one line (OpenSSH's "Server listening on ..." with -e, composed);
     every gate PASSes. The same log without rank 7's line FAILs naming rank 7."""
-    p = env.stage("04_serve", tmp_path / "probe", engine="trtllm").params
-    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
     worker = tmp_path / "logs" / "composed-trtllm-worker-sshd.log"
     worker.parent.mkdir(parents=True)
     worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
-    env.serve("trtllm", [TRTLLM_RECORDED, worker], model=p["model"],
-              revision=p["model_revision"], config=config)
-    stage = env.stage("04_serve", tmp_path / "run", model_cache_dir=MODEL_CACHE, engine="trtllm")
-    serve_stage.run(stage)
-    stage.finish()
-    got = statuses(stage)
-    assert {n: s for n, s in got.items() if s != "PASS"} == {}, \
-        [(g.gate, g.reason) for g in stage.gates if g.status != "PASS"]
+    serve_pods(env, tmp_path, "trtllm", [TRTLLM_RECORDED, worker])
+    got = assert_every_gate_passes(run_04(env, tmp_path / "run", "trtllm"))
     assert {"trtllm_alltoall_method_deepep", "trtllm_deepep_rank_per_rank",
             "efa_provider_per_rank", "trtllm_no_executor_error"} <= set(got)
     lines = TRTLLM_RECORDED.read_text().splitlines(keepends=True)
     dropped = tmp_path / "logs" / "composed-trtllm-without-rank7.log"
     dropped.write_text("".join(l for l in lines if "rank=7/16" not in l))
-    env.serve("trtllm", [dropped, worker], model=p["model"], revision=p["model_revision"],
-              config=config)
-    stage = env.stage("04_serve", tmp_path / "run-dropped", model_cache_dir=MODEL_CACHE,
-                      engine="trtllm")
-    serve_stage.run(stage)
-    stage.finish()
-    failed = [g for g in stage.gates if g.status == "FAIL"]
-    assert [g.gate for g in failed] == ["trtllm_deepep_rank_per_rank"]
-    assert "rank(s) 7 of 16" in failed[0].reason
+    serve_pods(env, tmp_path, "trtllm", [dropped, worker])
+    the_one_failure(run_04(env, tmp_path / "run-dropped", "trtllm"),
+                    "trtllm_deepep_rank_per_rank", "rank(s) 7 of 16")
     assert env.objects_left() == []
 
 
@@ -382,10 +384,7 @@ def test_05_sweeps_sglang_through_the_same_aiperf_job_and_reader(env, tmp_path):
     no /metrics counter gate (that one reads vLLM's own counter)."""
     from lib.stages import sweep as sweep_stage
 
-    p = env.stage("04_serve", tmp_path / "probe", engine="sglang").params
-    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
-    env.serve("sglang", compose.compose_sglang_pods(tmp_path / "logs"), model=p["model"],
-              revision=p["model_revision"], config=config)
+    serve_pods(env, tmp_path, "sglang", compose.compose_sglang_pods(tmp_path / "logs"))
     env.aiperf_jobs([f"aiperf-sglang-c{c}-r1" for c in (1, 2, 4)],
                     [f"concurrency_{c}" for c in (1, 2, 4)])
     run = tmp_path / "run"

@@ -13,6 +13,7 @@ import os
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -438,16 +439,30 @@ def test_an_interrupted_run_and_an_ended_stage_cancel_their_job(cluster, tmp_pat
     assert place.jobs[-1] == jobid and len(place.jobs) == 2
 
 
-@needs_slurm
-@pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU devices need root (mknod)")
-def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factory, monkeypatch):
-    """A second cluster whose nodes declare Gres=gpu:2: gpus() reads it, and the allocation and
-    the probe step ask every GPU of a node (--gres=gpu:2), which this Slurm accepts."""
+needs_gres = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU devices need root "
+                                                            "(mknod)")
+
+
+@contextmanager
+def gres_cluster(tmp_path_factory, monkeypatch, gpus: int):
+    """A second two-node Slurm whose nodes declare Gres=gpu:<gpus>, its client environment
+    this process's while it runs."""
     gres = slurmlocal.LocalSlurm()
-    gres.start(tmp_path_factory.mktemp("gres"), nodes=2, gres_gpus=2)
+    gres.start(tmp_path_factory.mktemp(f"gres{gpus}"), nodes=2, gres_gpus=gpus)
     try:
         for key, value in gres.env.items():
             monkeypatch.setenv(key, value)
+        yield gres
+    finally:
+        gres.stop()
+
+
+@needs_slurm
+@needs_gres
+def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factory, monkeypatch):
+    """A second cluster whose nodes declare Gres=gpu:2: gpus() reads it, and the allocation and
+    the probe step ask every GPU of a node (--gres=gpu:2), which this Slurm accepts."""
+    with gres_cluster(tmp_path_factory, monkeypatch, 2) as gres:
         run_dir = tmp_path_factory.mktemp("run")
         stage = slurm_stage(run_dir, "00_cluster")
         place = places.for_stage(stage)
@@ -460,8 +475,6 @@ def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factor
         assert all("--gres=gpu:2" in argv for argv in calls) and len(calls) == 2
         assert all(f["probe_complete"] for f in facts)
         assert_nothing_left(gres)
-    finally:
-        gres.stop()
 
 
 # ---- serving: 04 and 05 with transformers serve as a step ---------------------------------------
@@ -595,6 +608,7 @@ def test_the_arms_of_an_a_b_share_one_allocation_until_the_stage_closes(cluster,
 
 # ---- serving: 04 with an expert-parallel engine, a step per node ---------------------------------
 @needs_slurm
+@needs_gres
 def test_04_serves_sglang_as_a_step_per_node_and_gates_every_node_s_log(tmp_path_factory,
                                                                       monkeypatch):
     """-p engine sglang on a two-node Slurm whose nodes declare 8 GPUs each (Gres=gpu:8): one
@@ -607,11 +621,7 @@ def test_04_serves_sglang_as_a_step_per_node_and_gates_every_node_s_log(tmp_path
     from tests import compose
     from tests.kube_env import RECORDED_RUN, model_config
 
-    gres = slurmlocal.LocalSlurm()
-    gres.start(tmp_path_factory.mktemp("gres8"), nodes=2, gres_gpus=8)
-    try:
-        for key, value in gres.env.items():
-            monkeypatch.setenv(key, value)
+    with gres_cluster(tmp_path_factory, monkeypatch, 8) as gres:
         base = tmp_path_factory.mktemp("sglang")
         given = {"venv": VENV, "engine": "sglang", "server_timeout_s": 60.0}
         p = slurm_stage(base / "probe", "04_serve", given).params
@@ -658,5 +668,3 @@ def test_04_serves_sglang_as_a_step_per_node_and_gates_every_node_s_log(tmp_path
         assert [g.gate for g in failed] == ["efa_provider_per_rank"]
         assert "rank(s) 12 of 16" in failed[0].reason
         assert_nothing_left(gres)
-    finally:
-        gres.stop()

@@ -68,7 +68,8 @@ _REQUEST_SCRIPT = (
 
 @dataclass
 class KubeServer(ClusterServer):
-    """A serve on the cluster (any engine): `url` is the leader Service's address inside the cluster."""
+    """A serve on the cluster (any engine): `url` is the leader Service's address inside the
+    cluster."""
     pods: list[str] = field(default_factory=list)
     service: str = ""
 

@@ -164,7 +164,7 @@ def test_papermill_plans_04_for_two_nodes_touching_no_cluster(tmp_path):
             [sys.executable, "-m", "papermill", str(REPO_ROOT / "notebooks" / "04_serve.ipynb"),
              str(tmp_path / f"{workload}.ipynb"), "--cwd", str(REPO_ROOT / "notebooks"),
              "-p", "context", "plan", "-p", "nodes", "2", "-p", "results_dir", str(results),
-             "-p", "run_id", workload, "-p", "workload", workload,
+             "-p", "run_id", workload, "-p", "kube_workload", workload,
              "-p", "hf_token_secret", "hf-token"],
             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -56,7 +56,7 @@ def test_every_stage_parameter_has_one_rule_and_the_cluster_vocabulary_is_settle
                  "gpus_per_node", "efa_per_node", "image", "model", "model_revision",
                  "all2all_backend", "num_comms", "arm_a_comms", "arm_b_comms", "enforce_eager",
                  "server_timeout_s", "schedule_timeout_s", "job_timeout_s", "keep",
-                 "hf_token_secret", "workload", "partition", "account", "time_limit_min",
+                 "hf_token_secret", "kube_workload", "partition", "account", "time_limit_min",
                  "venv"):
         assert word in registry.PARAMS, word
 

@@ -212,6 +212,22 @@ def as_reworded(gates: list[dict] | None) -> list[dict] | None:
             if g.get("reason") in REWORDED_REASONS else g for g in gates]
 
 
+# A parameter renamed since runs recorded it (recorded name -> today's): a replay reads a
+# recorded params.json with these applied (lib.core.stage.open_replay), so the recorded file
+# stays as it was written. One row per rename, each with why (lib/ALIASES.md lists them).
+RENAMED_PARAMS = {
+    # the serve's Kubernetes shape, named for the place it shapes (as kube_context is)
+    "workload": "kube_workload",
+}
+
+
+def as_renamed(params: dict[str, Any]) -> dict[str, Any]:
+    """Recorded parameters under today's names (RENAMED_PARAMS); a name recorded under both
+    keeps today's value."""
+    renamed = {RENAMED_PARAMS.get(k, k): v for k, v in params.items() if k in RENAMED_PARAMS}
+    return {**renamed, **{k: v for k, v in params.items() if k not in RENAMED_PARAMS}}
+
+
 def summarize_gates(gates: list[dict]) -> dict[str, int]:
     counts = {s: 0 for s in STATUSES}
     for g in gates:

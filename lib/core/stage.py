@@ -263,7 +263,7 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
         shutil.copytree(recorded, shadow)
         _shadows[recorded] = shadow
         atexit.register(shutil.rmtree, shadow.parent, True)
-    recorded_params = evidence.read_json(recorded / name / "params.json")
+    recorded_params = evidence.as_renamed(evidence.read_json(recorded / name / "params.json"))
     added_since = {}
     for key, value in resolved.items():
         if key in ("run_id",) and value in ("", recorded.name):

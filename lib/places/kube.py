@@ -355,7 +355,7 @@ class KubePlace(Place):
         if not cache:
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
                               "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
-        lws = p.get("workload") == "leaderworkerset"
+        lws = p.get("kube_workload") == "leaderworkerset"
         if lws and not self.plans_only:
             raise Unsupported("workload leaderworkerset needs the LeaderWorkerSet controller in "
                               "the cluster; this guide renders and checks it (context plan) "

@@ -198,9 +198,11 @@ _PARAMS = [
           " not a per-pod emptyDir on the root volume); required to serve on kube"),
     Param("hf_token_secret", OrEmpty(dns_label("a Kubernetes Secret name"), "none"), {"*": ""},
           "kube: the Secret holding HF_TOKEN (key 'token'); a token value is never a parameter"),
-    Param("workload", OneOf(WORKLOADS), {"*": "statefulset"},
-          "kube: the serve as a StatefulSet, or as a LeaderWorkerSet (rendered and checked "
-          "only: it needs the LWS controller)"),
+    # named for the place it shapes, as kube_context is; runs recorded it as "workload", which
+    # a replay reads as this name (lib.core.evidence.RENAMED_PARAMS)
+    Param("kube_workload", OneOf(WORKLOADS), {"*": "statefulset"},
+          "kube: the serve as a StatefulSet, or as a LeaderWorkerSet (one group of `nodes` "
+          "pods; needs the LeaderWorkerSet controller in the cluster)"),
     Param("enforce_eager", Flag(), {"*": True},
           "vLLM --enforce-eager (false: torch.compile and CUDA graphs)"),
     Param("server_timeout_s", _seconds(), {"local": 180.0, "local:vllm": 900.0, "*": 1800.0},
@@ -263,8 +265,8 @@ COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", 
 PLACE = ("plan_for", "instance_type", "efa_per_node", "image", "venv", "partition", "account",
          "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
-         "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret", "workload",
-         "enforce_eager", "num_comms")
+         "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret",
+         "kube_workload", "enforce_eager", "num_comms")
 TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests",
            "warmup_full_batch", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",

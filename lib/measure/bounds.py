@@ -152,7 +152,10 @@ def _matrix(name: str, value: Any, rows: int, cols: int) -> np.ndarray:
         array = None
     if array is None or array.shape != (rows, cols) or not np.isfinite(array).all() \
             or (array < 0).any():
-        raise ParameterError(name, value, f"a {rows} x {cols} matrix of token counts >= 0")
+        # name the matrix by its shape: a measured routing can be thousands of numbers
+        shown = value if array is None else f"an array of shape {array.shape}"
+        raise ParameterError(name, shown, f"a {rows} x {cols} matrix of token counts >= 0 "
+                             "(finite)")
     return array
 
 
@@ -316,6 +319,7 @@ def bound(shape: Shape, instance: str = DEFAULT_INSTANCE, routing: Routing | Non
 def guide_cases(run: str | Path) -> list[dict]:
     """The first test_ep case of every test_ep call a committed run recorded, by token count."""
     run_dir = Path(run) if Path(run).is_absolute() else REPO_ROOT / run
+    _refuse_unmeasured(run_dir)
     calls = run_dir / "calls" / "03_kernel_test"
     if not calls.is_dir():
         raise FileNotFoundError(f"no 03_kernel_test calls in {run_dir}")
@@ -328,6 +332,19 @@ def guide_cases(run: str | Path) -> list[dict]:
     if not cases:
         raise ValueError(f"{calls}: no test_ep output among the recorded calls")
     return sorted(cases, key=lambda c: c["num_tokens"])
+
+
+# A run whose level says so carries logs composed from others' (the kube control plane's
+# simulated nodes replay 2x H200 output under 16 rank labels): neither a fit nor a check.
+UNMEASURED_LEVEL_WORDS = ("simulated", "not a measurement")
+
+
+def _refuse_unmeasured(run_dir: Path) -> None:
+    record = run_dir / "run.json"
+    level = json.loads(record.read_text()).get("level", "") if record.is_file() else ""
+    if any(word in level for word in UNMEASURED_LEVEL_WORDS):
+        raise ValueError(f"{run_dir}: not a measurement of any hardware (run.json level: "
+                         f"{level!r}); a bound is fitted and checked on measured runs only")
 
 
 def shape_of_case(case: Mapping, nodes: int = 1, mode: str = "hybrid") -> Shape:

@@ -524,6 +524,35 @@ class KubePlane:
     def get_json(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def register_crd(self, path: Path, timeout: float = 60.0) -> dict:
+        """kubectl apply a CustomResourceDefinition (YAML at `path`), then wait until the API
+        server says it is Established (its objects are then validated and stored) and serves
+        its resource in discovery. Returns the CRD as the API server answers."""
+        assert self.api is not None, "the plane is not started"
+        crd = yaml.safe_load(Path(path).read_text())
+        self.apply(crd)
+        name = crd["metadata"]["name"]
+        group = crd["spec"]["group"]
+        version = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
+        plural = crd["spec"]["names"]["plural"]
+        api = self.api
+
+        def established() -> Any:
+            got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+            if conditions.get("Established") != "True":
+                return False, conditions
+            status, listed = api.request("GET", f"/apis/{group}/{version}", ok=(404, 503))
+            served = status == 200 and any(r["name"] == plural for r in listed.get("resources", []))
+            return served, (conditions, status)
+
+        try:
+            wait_until(f"the CRD {name} Established and in discovery", established, timeout,
+                       interval=0.2)
+            return api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        finally:
+            api.close()
+
     def add_node(self, name: str, instance_type: str = "p5en.48xlarge", gpus: int = 8, efa: int = 16,
                  hugepages_2mi: str = "5120Mi", cpu: str = "192", memory: str = "2000Gi",
                  pods: int = 110, kubelet_port: int = 10250, labels: dict[str, str] | None = None,

@@ -253,12 +253,28 @@ def test_the_leaderworkerset_renders_the_same_serve(fake_bin):
     assert leader_c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert "[v]llm serve" in worker_c["readinessProbe"]["exec"]["command"][2]
     for container, index, want in ((leader_c, "0", 0), (worker_c, "1", 1)):
-        proc = run_entrypoint(container["command"][2], container, fake_bin, LWS_WORKER_INDEX=index)
+        proc = run_entrypoint(container["command"][2], container, fake_bin, **lws_env(index))
         assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout.splitlines()[-1])["argv"][1:] == mf.serve_argv(want, **SERVE)[0][1:]
+        assert json.loads(proc.stdout.splitlines()[-1])["argv"][1:] == \
+            as_lws(mf.serve_argv(want, **SERVE)[0][1:], "vllm")
     # the leader's template does not run a worker, nor the worker's the leader
-    assert run_entrypoint(leader_c["command"][2], leader_c, fake_bin, LWS_WORKER_INDEX="1").returncode == 64
-    assert run_entrypoint(worker_c["command"][2], worker_c, fake_bin, LWS_WORKER_INDEX="0").returncode == 64
+    assert run_entrypoint(leader_c["command"][2], leader_c, fake_bin, **lws_env("1")).returncode == 64
+    assert run_entrypoint(worker_c["command"][2], worker_c, fake_bin, **lws_env("0")).returncode == 64
+
+
+def lws_env(index: str, name: str = "vllm") -> dict[str, str]:
+    """What the LWS controller sets in a pod of group 0 (its docs' LWS_LEADER_ADDRESS form)."""
+    return {"LWS_WORKER_INDEX": index, "LWS_LEADER_ADDRESS": f"{name}-0.{name}.{NS}"}
+
+
+def as_lws(argv: list[str], name: str, nodes: int = 2) -> list[str]:
+    """A StatefulSet argv with its nodes' addresses (`<name>-k.<name>.<ns>.svc`) as the LWS
+    group's (`<name>-0`, `<name>-0-k` on the LWS's Service): what tests/test_kube_lws.py runs
+    for every engine."""
+    for k in range(nodes):
+        pod = f"{name}-0" if k == 0 else f"{name}-0-{k}"
+        argv = [t.replace(f"{name}-{k}.{name}.{NS}.svc", f"{pod}.{name}.{NS}") for t in argv]
+    return argv
 
 
 @pytest.mark.parametrize("engine, leader_words, worker_words", [
@@ -283,15 +299,16 @@ def test_every_engine_renders_into_both_shapes_and_each_index_runs_its_own_argv(
     leader_c = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker_c = lwt["workerTemplate"]["spec"]["containers"][0]
     assert sts["name"] == leader_c["name"] == worker_c["name"] == engine
-    runs = [(sts, {"HOSTNAME": f"{engine}-0"}, 0), (leader_c, {"LWS_WORKER_INDEX": "0"}, 0)]
+    runs = [(sts, {"HOSTNAME": f"{engine}-0"}, 0), (leader_c, lws_env("0", engine), 0)]
     if engine == "sglang":
-        runs += [(sts, {"HOSTNAME": f"{engine}-1"}, 1), (worker_c, {"LWS_WORKER_INDEX": "1"}, 1)]
+        runs += [(sts, {"HOSTNAME": f"{engine}-1"}, 1), (worker_c, lws_env("1", engine), 1)]
     else:
         assert "exec /usr/sbin/sshd -D -e -p 2222" in worker_c["command"][2]
     for container, env, index in runs:
         proc = run_entrypoint(container["command"][2], container, fake_bin, **env)
         assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout.splitlines()[-1])["argv"] == want[index], (env, index)
+        expected = as_lws(want[index], engine) if "LWS_WORKER_INDEX" in env else want[index]
+        assert json.loads(proc.stdout.splitlines()[-1])["argv"] == expected, (env, index)
 
 
 # ---- shellcheck -------------------------------------------------------------------------------

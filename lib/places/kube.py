@@ -10,8 +10,10 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   what only the node can say (gdrdrv's version, its EFA devices, hugepages) through its log.
 - `run_ranks(job)`: one pod per node behind a headless Service (rank 0 the rendezvous), every
   pod's exit code and whole log (`kubectl logs`).
-- `serve(spec)`: vLLM as a StatefulSet with a headless Service for rank discovery and a Service
-  that selects only the leader for HTTP; ready when the leader's readiness probe (/health) holds;
+- `serve(spec)`: the engine as a StatefulSet with a headless Service for rank discovery and a
+  Service that selects only the leader for HTTP, or (kube_workload leaderworkerset) as one
+  LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
+  `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds;
   every pod's log saved whole and gated (the backend vLLM built, the EP split, NCCL's EFA
   provider on every rank, no legacy DeepEP buffer). Requests reach the server from inside the
   cluster (`kubectl exec` into the leader), never through a port opened on this machine.
@@ -47,23 +49,12 @@ from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env
 from lib.places.kube_pods import (exit_code, is_finished, is_ready, node_facts,
                                   object_name, phase_of, pod_record, probe_facts,
                                   stage_selector, unschedulable)
+from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
 DELETE_TIMEOUT_S = 300.0
 VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
-# What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
-# may not be. It prints {"status", "body", "error"} as one JSON line.
-_REQUEST_SCRIPT = (
-    "import json,sys,urllib.request,urllib.error\n"
-    "m,u,t,b=sys.argv[1],sys.argv[2],float(sys.argv[3]),sys.argv[4]\n"
-    "r=urllib.request.Request(u,data=b.encode() if b else None,method=m,"
-    "headers={'Content-Type':'application/json'} if b else {})\n"
-    "try:\n"
-    " with urllib.request.urlopen(r,timeout=t) as a: s,x,e=a.status,a.read().decode(),None\n"
-    "except urllib.error.HTTPError as a: s,x,e=a.code,a.read().decode(),None\n"
-    "except Exception as a: s,x,e=None,'',type(a).__name__+': '+str(a)\n"
-    "print(json.dumps({'status':s,'body':x,'error':e}))\n")
 
 
 @dataclass
@@ -139,6 +130,9 @@ class KubePlace(Place):
         if self.stage["keep"]:
             return
         selector = stage_selector(self.stage.run_id, self.stage.name)
+        if self.stage.params.get("kube_workload") == "leaderworkerset":  # first: no pod remade
+            self._run("delete", manifests.LWS_RESOURCE, "-l", selector, "--ignore-not-found",
+                      "--wait=true", timeout=DELETE_TIMEOUT_S)
         self._run("delete", "statefulset,service,pod,job,configmap", "-l", selector,
                   "--ignore-not-found", "--wait=true", timeout=DELETE_TIMEOUT_S)
 
@@ -346,9 +340,11 @@ class KubePlace(Place):
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:
-        """vLLM as a StatefulSet (lib.places.manifests.vllm_objects), ready when the leader's
-        probe holds; every pod's log kept and gated; deleted when the block ends (unless
-        `keep`, then the next stage's apply finds it as it is)."""
+        """The serve as a StatefulSet (lib.places.manifests.vllm_objects) or, with
+        kube_workload leaderworkerset, as one LeaderWorkerSet group (leaderworkerset_objects:
+        the cluster's LWS controller makes its pods); ready when the leader's probe holds; every
+        pod's log kept and gated; deleted when the block ends (unless `keep`, then the next
+        stage's apply finds it as it is)."""
         stage, p = self.stage, self.stage.params
         name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else spec.engine)
         cache = self._model_cache_dir()
@@ -356,10 +352,6 @@ class KubePlace(Place):
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
                               "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
         lws = p.get("kube_workload") == "leaderworkerset"
-        if lws and not self.plans_only:
-            raise Unsupported("workload leaderworkerset needs the LeaderWorkerSet controller in "
-                              "the cluster; this guide renders and checks it (context plan) "
-                              "and serves the StatefulSet (workload statefulset)")
         render = manifests.leaderworkerset_objects if lws else manifests.vllm_objects
         objects = render(
             **self._where(), name=name, image=self._image(), nodes=spec.nodes,
@@ -372,43 +364,69 @@ class KubePlace(Place):
                             stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
                             backend=spec.backend, gpus=gpus * spec.nodes,
                             service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
-        server.pods = [f"{name}-{k}" for k in range(spec.nodes)]
+        server.pods = (manifests.lws_pod_names(name, spec.nodes) if lws
+                       else [f"{name}-{k}" for k in range(spec.nodes)])
         add = gate_adder(stage, server, spec.gate_prefix)
         self.apply(objects, name)
-        started = self.door.now()
         try:
-            try:
-                statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s)
-            except NotScheduled as why:
-                add(gate("server ready", False, "Pending", "every pod scheduled",
-                         f"the scheduler: {why}", []))
-                yield server
-                return
-            ready = all(s and is_ready(s) for s in statuses.values())
-            logs = {pod: self.pod_log(pod, statuses.get(pod)) for pod in server.pods}
-            server.ready = ready
-            server.ready_s = round(self.door.now() - started, 1) if ready else None
-            evidence = [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]
-            add(gate("server ready", ready, {pod: phase_of(s) for pod, s in statuses.items()},
-                     {"leader": "Ready (GET /health)"},
-                     f"the leader's readiness probe held after {server.ready_s} s" if ready
-                     else "not ready within the timeout: the pods' logs are kept", evidence))
-            if ready:
-                server.backend_gates = serve_gates(
-                    spec.engine, logs[server.pods[0]], logs, backend=spec.backend,
-                    nodes=spec.nodes, gpus_per_node=gpus,
-                    num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
-                    api_servers=gpus, log_name=evidence[0], evidence=evidence)
-                for g in server.backend_gates or []:
-                    add(g)
+            self._gate_serve(server, spec, add, lws)
             yield server
         finally:
             if not self.plans_only and not p.get("keep"):
+                if lws:
+                    self.delete_lws(name)
                 self.delete(name)
                 left = self.pod_status(server.pods)
                 add(gate("server stopped", not any(left.values()),
                          sorted(n for n, s in left.items() if s), [],
-                         "its StatefulSet and Services deleted, no pod of it left", []))
+                         ("its LeaderWorkerSet (and with it the pods and headless Service its "
+                          "controller made) and its HTTP Service deleted, no pod of it left")
+                         if lws else "its StatefulSet and Services deleted, no pod of it left",
+                         []))
+
+    def _gate_serve(self, server: KubeServer, spec: ServeSpec, add, lws: bool) -> None:
+        """Wait for the serve's pods (by their StatefulSet or LeaderWorkerSet names), keep
+        every pod's log and gate them: ready, then the engine's gates over every log."""
+        stage, gpus = self.stage, int(self.stage["gpus_per_node"])
+        started = self.door.now()
+        try:
+            statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s)
+        except NotScheduled as why:
+            add(gate("server ready", False, "Pending", "every pod scheduled",
+                     f"the scheduler: {why}", []))
+            return
+        ready = all(s and is_ready(s) for s in statuses.values())
+        logs = {pod: self.pod_log(pod, statuses.get(pod)) for pod in server.pods}
+        server.ready = ready
+        server.ready_s = round(self.door.now() - started, 1) if ready else None
+        evidence = [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]
+        absent = [pod for pod, s in statuses.items() if not s]
+        if ready:
+            why = f"the leader's readiness probe held after {server.ready_s} s"
+        elif lws and absent:  # the LWS was stored, but nothing made its pods
+            why = (f"no pod {', '.join(absent)} within the timeout: the cluster's "
+                   "LeaderWorkerSet controller makes a group's pods (is it running? kubectl "
+                   f"get {manifests.LWS_RESOURCE} {server.pods[0].rsplit('-', 1)[0]})")
+        else:
+            why = "not ready within the timeout: the pods' logs are kept"
+        add(gate("server ready", ready, {pod: phase_of(s) for pod, s in statuses.items()},
+                 {"leader": "Ready (GET /health)"}, why, evidence))
+        if ready:
+            server.backend_gates = serve_gates(
+                spec.engine, logs[server.pods[0]], logs, backend=spec.backend,
+                nodes=spec.nodes, gpus_per_node=gpus,
+                num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
+                api_servers=gpus, log_name=evidence[0], evidence=evidence)
+            for g in server.backend_gates or []:
+                add(g)
+
+    def delete_lws(self, name: str) -> None:
+        """Delete the LeaderWorkerSet `name` of this stage and wait until it is gone: its
+        controller then makes no pod again, and the garbage collector deletes what it made."""
+        self._run("delete", manifests.LWS_RESOURCE, "-l",
+                  f"{manifests.GROUP_LABEL}={name},"
+                  f"{stage_selector(self.stage.run_id, self.stage.name)}",
+                  "--ignore-not-found", "--wait=true", timeout=DELETE_TIMEOUT_S)
 
     def read_model_config(self, server, model: dict[str, Any]) -> tuple[dict | None, str | None]:
         """The served model's config.json, read where vLLM downloaded it (the leader pod's

@@ -1,12 +1,26 @@
 """Reading what kubectl says of pods and nodes, for the kube place (lib.places.kube): pure
-functions of the JSON `kubectl get ... -o json` prints, and the names and selectors of the
-objects a stage applies."""
+functions of the JSON `kubectl get ... -o json` prints, the names and selectors of the
+objects a stage applies, and the script a request from inside the cluster runs."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+
+
+# What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
+# may not be. It prints {"status", "body", "error"} as one JSON line.
+REQUEST_SCRIPT = (
+    "import json,sys,urllib.request,urllib.error\n"
+    "m,u,t,b=sys.argv[1],sys.argv[2],float(sys.argv[3]),sys.argv[4]\n"
+    "r=urllib.request.Request(u,data=b.encode() if b else None,method=m,"
+    "headers={'Content-Type':'application/json'} if b else {})\n"
+    "try:\n"
+    " with urllib.request.urlopen(r,timeout=t) as a: s,x,e=a.status,a.read().decode(),None\n"
+    "except urllib.error.HTTPError as a: s,x,e=a.code,a.read().decode(),None\n"
+    "except Exception as a: s,x,e=None,'',type(a).__name__+': '+str(a)\n"
+    "print(json.dumps({'status':s,'body':x,'error':e}))\n")
 
 
 def node_facts(node: dict, versions: dict) -> dict[str, Any]:

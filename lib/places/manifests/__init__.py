@@ -45,7 +45,8 @@ from lib.places.manifests.common import (  # noqa: F401
     RUN_LABEL, RUN_LABEL_HASH, RUN_LABEL_HEAD, SHM_PATH, SHM_SIZE, STAGE_LABEL, TOKEN_VARS,
     http_service_name, labels, leader_url, rendezvous_host, run_label_value, run_selector)
 from lib.places.manifests.lws import (  # noqa: F401
-    LWS_API_VERSION, leaderworkerset_objects, lws_objects)
+    LWS_API_VERSION, LWS_RESOURCE, leaderworkerset_objects, lws_addresses, lws_objects,
+    lws_pod_names)
 from lib.places.manifests.output import (  # noqa: F401
     KUBE_VERSION, NEWER_THAN_1_20, VALIDATOR, embedded_scripts, for_kube_1_20, pod_specs, to_yaml,
     validate_argv)

@@ -45,6 +45,8 @@ from lib.roots import pins as pins_mod
 SERVE_STAGE = "04_serve"  # the stage that renders it (lib.stages.registry's name)
 # Set by the StatefulSet controller on each pod it makes: `<statefulset>-<ordinal>`.
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+# The LeaderWorkerSet entrypoint's shell variable holding LWS_LEADER_ADDRESS (checked once).
+LWS_LEADER_VAR = "leader"
 # vLLM's --data-parallel-rpc-port: R's README says 29570 (its script 29500: ANCHORS 4, drift);
 # the README's value, and one port for every rendering.
 DP_RPC_PORT = 29570
@@ -211,7 +213,23 @@ def serve_argv(ordinal: int, **params: Any) -> tuple[list[str], dict[str, str]]:
 
 
 # ---- the entrypoint ------------------------------------------------------------------------------
-def _argv_lines(argv: Sequence[str], indent: str) -> str:
+def _shell_word(token: str, addresses: Mapping[str, str]) -> str:
+    """One argv token as a shell word: quoted, but for each rendered address in it, which
+    becomes the shell expansion `addresses` maps it to (double-quoted: expanded, never split)."""
+    if not addresses:
+        return shlex.quote(token)
+    # an address only where it starts a host name (a sibling `x-10.` is not `x-1.` with more)
+    found = re.compile(r"(?<![A-Za-z0-9.-])(" + "|".join(
+        re.escape(a) for a in sorted(addresses, key=len, reverse=True)) + r")")
+    pieces = found.split(token)
+    if len(pieces) == 1:
+        return shlex.quote(token)
+    return "".join(f'"{addresses[piece]}"' if i % 2 else (shlex.quote(piece) if piece else "")
+                   for i, piece in enumerate(pieces))
+
+
+def _argv_lines(argv: Sequence[str], indent: str,
+                addresses: Mapping[str, str] | None = None) -> str:
     """argv as shell words: the program's words on the first line, then a flag (with its value,
     when one follows) per line."""
     argv = list(argv)
@@ -222,7 +240,8 @@ def _argv_lines(argv: Sequence[str], indent: str) -> str:
         step = 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
         groups.append(argv[i:i + step])
         i += step
-    return f" \\\n{indent}".join(" ".join(shlex.quote(t) for t in g) for g in groups)
+    return f" \\\n{indent}".join(" ".join(_shell_word(t, addresses or {}) for t in g)
+                                  for g in groups)
 
 
 def _find_ordinal(name: str, ordinal_from: str) -> str:
@@ -236,18 +255,30 @@ def _find_ordinal(name: str, ordinal_from: str) -> str:
                 f'  exit 64\n'
                 f'fi\n')
     if ordinal_from == "lws":
+        # LWS_LEADER_ADDRESS is `<leader pod>.<lws>.<namespace>` (LWS's pod webhook): the
+        # leader's host, and a worker k's is the leader pod's name with `-k` on the same
+        # subdomain (`${leader%%.*}-k.${leader#*.}`)
         return ('ordinal="${LWS_WORKER_INDEX:-}"\n'
                 'if [[ ! "${ordinal}" =~ ^[0-9]+$ ]]; then\n'
                 '  echo "guide-entrypoint: LWS_WORKER_INDEX=\'${ordinal}\' is not a number: the '
                 'LeaderWorkerSet controller sets it" >&2\n'
+                '  exit 64\n'
+                'fi\n'
+                f'{LWS_LEADER_VAR}="${{LWS_LEADER_ADDRESS:-}}"\n'
+                f'if [[ ! "${{{LWS_LEADER_VAR}}}" =~ ^[a-z0-9-]+\\.[a-z0-9.-]+$ ]]; then\n'
+                f'  echo "guide-entrypoint: LWS_LEADER_ADDRESS=\'${{{LWS_LEADER_VAR}}}\' is not '
+                '<leader>.<service>.<namespace>: the LeaderWorkerSet controller sets it" >&2\n'
                 '  exit 64\n'
                 'fi\n')
     raise ParameterError("ordinal_from", ordinal_from, "'hostname' or 'lws'")
 
 
 def render_entrypoint(render: ServeRender, *, ordinal_from: str = "hostname",
-                      ordinals: Iterable[int] | None = None) -> str:
-    """entrypoint_script of a render already checked."""
+                      ordinals: Iterable[int] | None = None,
+                      addresses: Mapping[str, str] | None = None) -> str:
+    """entrypoint_script of a render already checked. `addresses`: each rendered node address
+    -> the shell expansion the script runs in its place (a LeaderWorkerSet's, from
+    LWS_LEADER_ADDRESS: lib.places.manifests.lws)."""
     chosen = sorted(render.argvs if ordinals is None else set(ordinals))
     for o in chosen:
         if o not in render.argvs:
@@ -259,7 +290,7 @@ def render_entrypoint(render: ServeRender, *, ordinal_from: str = "hostname",
         role = "leader" if o == 0 else "worker"
         branches += (f"  {o})\n"
                      f'    echo "guide-entrypoint: ordinal {o}, the {role}"\n'
-                     f"    exec {_argv_lines(render.argvs[o], ' ' * 6)}\n"
+                     f"    exec {_argv_lines(render.argvs[o], ' ' * 6, addresses)}\n"
                      f"    ;;\n")
     allowed = ", ".join(map(str, chosen)) or "none"
     script = (

@@ -23,6 +23,9 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 REQUIRED_ENV = "REPRO_BROWSER_REQUIRED"
 INSTALL_HINT = "scripts/chromium.sh install"
 PAGE_LOAD_TIMEOUT_S = 30
+# The window the book is read in (the issue's 1400-pixel window): every check runs at this size,
+# and no table may be wider than what it leaves the page's main column (table_widths).
+WINDOW = (1400, 900)
 IMAGE_WAIT_MS = 10_000
 # A longer page is shot down to here: Chromium draws at most 16384 px, and a 36000 px PNG takes
 # seconds to write and cannot be looked at anyway.
@@ -78,7 +81,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def chromium(width: int = 1280, height: int = 900):
+def chromium(width: int = WINDOW[0], height: int = WINDOW[1]):
     """Headless Chromium through chromedriver, its browser console log kept (get_log)."""
     # imported here: the static link crawl and the skip rule need no selenium
     from selenium import webdriver
@@ -174,6 +177,35 @@ def severe_messages(entries: list[dict], page_url: str) -> list[str]:
     probe = "{0.scheme}://{0.netloc}/favicon.ico - ".format(urlsplit(page_url))
     return [entry["message"] for entry in entries
             if entry["level"] == "SEVERE" and not entry["message"].startswith(probe)]
+
+
+# Per <table>: its width (the larger of its box and its scrollWidth: content can overflow the
+# box), the width it may take (its scroll container's or parent's inner width, and no further
+# than the window's right edge), and its first row's text to name it.
+_TABLE_WIDTHS = """
+const viewport = document.documentElement.clientWidth;
+return Array.from(document.querySelectorAll("table")).map(table => {
+  const box = table.getBoundingClientRect();
+  const holder = table.parentElement;
+  const first = (table.rows[0] || table).innerText || "";
+  return {width: Math.ceil(Math.max(box.width, table.scrollWidth)),
+          room: Math.floor(Math.min(holder.clientWidth, viewport - box.left)),
+          name: first.replace(/\\s+/g, " ").trim().slice(0, 50)};
+});
+"""
+
+
+def table_widths(driver) -> list[dict]:
+    """Every table of the loaded page: {width, room, name} in CSS pixels."""
+    return driver.execute_script(_TABLE_WIDTHS)
+
+
+def wide_tables(driver) -> list[str]:
+    """Every table of the loaded page fits the room it has: no wider than the element holding it
+    (pydata-sphinx-theme's scroll container, whose overflow a reader would scroll sideways) nor
+    past the window's right edge. Problems read "table N (its first row): W px in R px"."""
+    return [f"table {i} ({t['name']}): {t['width']} px in {t['room']} px"
+            for i, t in enumerate(table_widths(driver), start=1) if t["width"] > t["room"]]
 
 
 # Links with these schemes leave the book: not checked. Any other scheme (file:, ...) is

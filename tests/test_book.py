@@ -13,7 +13,8 @@ import pytest
 
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
-from lib.publish import book, pages, scan
+from lib.measure import published
+from lib.publish import book, coverage, pages, scan
 from lib.publish.catalog import catalog
 
 RESULTS = REPO_ROOT / "results"
@@ -76,9 +77,14 @@ def test_the_results_page_has_its_tables_and_plots(built):
     # no interval from 3 rounds: every measured ratio row says why
     assert "none: 3 rounds, under 5" in page
     # the CUDA-graph arm that died on deepep_v2: a FAIL with the line its server's log says it
-    # died at, and the step it was running, not a blank
-    assert "FAIL: the server died serving: vllm-graphs-ep-1.log:712:" in page
-    assert "index out of bounds" in page and "135 scheduled tokens" in page
+    # died at, and the step it was running, not a blank; too long for its cell, it is the
+    # table's note (a table wider than the page's column would scroll sideways)
+    html_works = html.split('id="works"', 1)[1].split('id="fast"', 1)[0]
+    works = re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html_works)))
+    assert "FAIL: note 1" in works
+    assert "<ol" in html_works  # note 1 is the first of a numbered list
+    assert "Notes: the server died serving: vllm-graphs-ep-1.log:712:" in works
+    assert "index out of bounds" in works and "135 scheduled tokens" in works
 
 
 def test_the_appendix_lists_every_committed_run_with_a_page_each(built):
@@ -224,24 +230,26 @@ def test_an_unsealed_run_is_published_only_as_incomplete(tmp_path):
         assert banner.startswith("**Incomplete run**"), stage
 
 
-def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest():
+def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest(built):
+    """Its cells' computation: tests/test_publish_coverage.py; here, the built page."""
     from lib.publish import cited
 
     runs = catalog(RESULTS)
-    page = pages.coverage_page(runs, list(cited.CLAIMS))
-    vllm = next(line for line in page.splitlines() if line.startswith("| vLLM |"))
-    # one GPU host and Kubernetes ran vLLM (the latter with simulated nodes); Slurm rendered it
-    assert "runs (" in vllm.split("|")[3] and "runs (" in vllm.split("|")[4]
-    assert "build-only" in vllm.split("|")[5]
-    # the engines run only in make test say so in their rows, never "runs"
-    for engine in ("SGLang", "TensorRT-LLM"):
-        row = next(line for line in page.splitlines() if line.startswith(f"| {engine} |")
-                   and "simulated nodes" in line)
-        assert "no committed run" in row and "runs (" not in row
-    for claim in cited.CLAIMS:
-        assert claim["claim"] in page and claim["date"] in page
+    # a cell's level is bold: its tag left a space before the colon
+    page = re.sub(r" ([:;,])", r"\1", text_of(built / "book" / "coverage.html"))
+    vllm = coverage.coverage_table(runs).set_index("engine / lane").loc["vLLM"]
+    assert vllm["one GPU host"].startswith("**measured**")
+    assert vllm["Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
+    assert f"{coverage.SIMULATED_NODES}: 1 run, 1 passing; latest kube-ctlplane-20261201" in page
+    source = (built.parent / ".src" / "book" / "coverage.md").read_text(encoding="utf-8")
+    for claim in cited.CLAIMS:  # in the page's source: Sphinx typesets '--' as a dash
+        assert claim["claim"] in source and claim["date"] in source
+    assert "not a single-variable A/B" in page
+    for stack in published.cross_engine_figures()["stack"]:
+        assert stack in page
+    assert "SGLang 0.5.11 with a seam patch, EP_NUM_COMMS 8 (the overlay) 34.5 67.2 255.2" in page
     seed_runs = sum(r.pin_set == "seed-2026-07" for r in runs)
-    assert f"`seed-2026-07` (served-e2e): {seed_runs} committed runs" in page
+    assert f"seed-2026-07 (served-e2e): {seed_runs} committed runs" in page
 
 
 def test_prose_citing_a_run_not_in_the_results_keeps_the_citation_as_text():

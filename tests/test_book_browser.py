@@ -2,7 +2,9 @@
 
 Each check's FAIL path first, on small pages written here and served for real; then the book,
 built from the reference run, page by page (loaded, no broken image, no console error, a
-screenshot kept under _build/test-artifacts/browser/), and every internal link of its html tree.
+screenshot kept under _build/test-artifacts/browser/), every table of the landing, results,
+coverage and comparison pages within what a 1400-pixel window leaves it, and every internal link
+of its html tree.
 
 Without /usr/bin/chromium (scripts/chromium.sh install) the browser tests skip with the reason,
 unless REPRO_BROWSER_REQUIRED=1 (the Makefile's `unit`), where they fail.
@@ -27,6 +29,10 @@ PAGES = {
     "appendix": "book/history.html",
     "run": f"book/runs/{REFERENCE}.html",
 }
+# The pages whose tables must fit a 1400-pixel window, with the fewest tables each must have (a
+# check that measured nothing would pass): the landing page answers in prose, no table.
+FITTING_PAGES = {"landing": ("book/intro.html", 0), "results": ("book/results.html", 4),
+                 "coverage": ("book/coverage.html", 3), "comparison": ("book/comparison.html", 2)}
 # pydata-sphinx-theme's main column; python's http.server titles its 404 "Error response".
 MAIN_CONTENT = "main#main-content article"
 ERROR_TITLE = re.compile(r"^\s*$|\b404\b|error response|not found", re.IGNORECASE)
@@ -195,6 +201,59 @@ def test_the_results_check_wants_a_table_and_an_image(driver, tmp_path):
         assert results_page_problems(driver) == []
 
 
+# A table in a column as the theme builds one: a 600 px column, the theme's scroll container
+# around each table, and Sphinx's inline code (<code><span class="pre">), kept unbroken.
+COLUMN = ('<title>t</title><style>article {width: 600px} '
+          '.pst-scrollable-table-container {overflow-x: auto} '
+          'span.pre {white-space: nowrap}</style>')
+# four columns of run ids: each unbroken, the row is wider than the column
+RUN_IDS = "".join('<td><code class="literal"><span class="pre">gpu-2xh200-deepep-vllm-2026113'
+                  f'{i}</span></code></td>' for i in range(4))
+
+
+def in_column(table: str, stylesheet: str = "") -> str:
+    return (COLUMN + stylesheet + '<article><div class="pst-scrollable-table-container">'
+            + table + "</div></article>")
+
+
+def test_wide_tables_names_a_table_wider_than_its_column_or_the_window(driver, tmp_path):
+    long_word = "x" * 200
+    write_pages(tmp_path, {
+        "fits.html": in_column("<table><tr><th>run</th><th>level</th></tr><tr><td>a-run</td>"
+                               "<td>measured, wrapping as words do</td></tr></table>"),
+        "word.html": in_column(f"<table><tr><th>why</th></tr><tr><td>{long_word}</td></tr>"
+                               "</table>"),
+        "window.html": '<title>t</title><table style="width: 2000px"><tr><td>x</td></tr>'
+                       "</table>"})
+    with browser.serve(tmp_path) as base:
+        assert driver.execute_script("return window.innerWidth") == browser.WINDOW[0]
+        browser.load(driver, base + "fits.html")
+        assert browser.wide_tables(driver) == []
+        (fits,) = browser.table_widths(driver)
+        assert fits["name"] == "run level" and fits["width"] <= fits["room"] == 600
+        browser.load(driver, base + "word.html")
+        (problem,) = browser.wide_tables(driver)
+        assert re.fullmatch(r"table 1 \(why\): \d+ px in 600 px", problem), problem
+        browser.load(driver, base + "window.html")
+        (problem,) = browser.wide_tables(driver)
+        room = re.fullmatch(r"table 1 \(x\): 2000 px in (\d+) px", problem)
+        assert room and int(room.group(1)) < browser.WINDOW[0], problem
+
+
+def test_the_books_stylesheet_lets_run_ids_wrap_in_a_table(driver, tmp_path):
+    """book/_static/tables.css is what makes the pages' tables fit: the same table of run ids,
+    in the same column, is too wide without it."""
+    css = (REPO_ROOT / "book" / "_static" / "tables.css").read_text(encoding="utf-8")
+    table = f"<table><tr>{RUN_IDS}</tr></table>"
+    write_pages(tmp_path, {"bare.html": in_column(table),
+                           "styled.html": in_column(table, f"<style>{css}</style>")})
+    with browser.serve(tmp_path) as base:
+        browser.load(driver, base + "bare.html")
+        assert len(browser.wide_tables(driver)) == 1
+        browser.load(driver, base + "styled.html")
+        assert browser.wide_tables(driver) == []
+
+
 CLEAN_TREE = {
     "index.html": '<meta http-equiv="Refresh" content="0; url=book/a.html" />',
     "book/a.html": '<h1 id="top-title">A</h1><a href="#top-title">self</a>'
@@ -257,6 +316,15 @@ def test_a_book_page_loads_whole(driver, book_url, name):
         problems["results"] = results_page_problems(driver)
     browser.screenshot(driver, ARTIFACTS / f"{name}.png")  # before the verdict: kept on a FAIL
     assert problems == {check: [] for check in problems}, PAGES[name]
+
+
+@pytest.mark.parametrize("name", FITTING_PAGES)
+def test_no_table_of_a_page_is_wider_than_a_1400_pixel_window(driver, book_url, name):
+    page, fewest = FITTING_PAGES[name]
+    browser.load(driver, book_url + page)
+    assert driver.execute_script("return window.innerWidth") == browser.WINDOW[0]
+    assert len(browser.table_widths(driver)) >= fewest, page
+    assert browser.wide_tables(driver) == [], page
 
 
 def test_every_internal_link_of_the_book_resolves(book_html):

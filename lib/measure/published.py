@@ -36,6 +36,24 @@ _SERVING = {
     "epnc8": {"output_tps": (39.4, 76.5, 273.0), "output_tps_per_user": (10.0, 9.7, 8.9),
               "ttft_p50_ms": (196, 237, 280), "itl_p50_ms": (100, 103, 106)},
 }
+# ANCHORS.md section 3, gates 2 to 4 ("Every number in RESULTS.md"): every engine served the same
+# model (Qwen/Qwen3-30B-A3B-FP8) with the same AIPerf workload (completions, ISL 120 / OSL 128,
+# ignore_eos, 40 / 64 / 128 requests at c4 / c8 / c32) on the same 2x p5en, one run per arm; each
+# on its own stack, so the rows differ in more than the engine. vLLM's rows are _SERVING's own.
+# SGLang's arm ran with the EP_NUM_COMMS 8 overlay too (its serve script's default, ANCHORS.md
+# 1.6); what TensorRT-LLM's arms set for it, the source does not say.
+CROSS_ENGINE_DATE = "2026-07-07"
+_CROSS_ENGINE = (
+    ("vllm", "vLLM 0.24.0, EP_NUM_COMMS 1", _SERVING["epnc1"]["output_tps"]),
+    ("vllm", "vLLM 0.24.0, EP_NUM_COMMS 8 (the multicomm overlay)",
+     _SERVING["epnc8"]["output_tps"]),
+    ("sglang", "SGLang 0.5.11 with a seam patch, EP_NUM_COMMS 8 (the overlay)",
+     (34.5, 67.2, 255.2)),
+    ("trtllm", "TensorRT-LLM 0.21.0 through an API shim", (66.5, 147.5, 586.7)),
+    ("trtllm", "TensorRT-LLM 0.21.0 through a one-file native seam", (67.6, 142.4, 563.3)),
+)
+CROSS_ENGINE_WORKLOAD = ("Qwen/Qwen3-30B-A3B-FP8, AIPerf completions, ISL 120 / OSL 128, "
+                         "ignore_eos, one run per arm")
 _MICROBENCH = (("test_ep dispatch p50", 185.4), ("test_ep combine p50", 258.2),
                ("test_ep D+C p50", 443.6))
 # The published test_ep ran at 128 tokens per rank (ANCHORS.md section 1, the torchrun wrapper's
@@ -61,6 +79,17 @@ def reference_figures() -> pd.DataFrame:
                              "value": float(value), "unit": unit, "decimals": decimals,
                              "hardware": HARDWARE, "date": "2026-07-07", "source": SOURCE})
     return pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
+
+
+def cross_engine_figures() -> pd.DataFrame:
+    """The public reproduction's serving figures per engine, one row per arm: engine (a name of
+    lib.engines.catalog), stack, output tok/s at each concurrency (columns c4, c8, c32),
+    hardware, date, source."""
+    rows = [{"engine": engine, "stack": stack,
+             **{f"c{c}": float(v) for c, v in zip(_CONCURRENCIES, values)},
+             "hardware": HARDWARE, "date": CROSS_ENGINE_DATE, "source": SOURCE}
+            for engine, stack, values in _CROSS_ENGINE]
+    return pd.DataFrame(rows)
 
 
 def figures_from_summary(summary: pd.DataFrame, engine: str = "vllm") -> dict[str, float]:

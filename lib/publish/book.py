@@ -20,7 +20,7 @@ import nbformat
 from lib.core import evidence
 from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
 from lib.core.door import REPO_ROOT
-from lib.publish import cited, pages, scan
+from lib.publish import cited, coverage, pages, scan
 from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
@@ -54,7 +54,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     write("intro.md", pages.landing_page((book / "intro.md").read_text(encoding="utf-8"), ev))
     write("results.md", pages.results_page(ev, book / "figures"))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
-    write("coverage.md", pages.coverage_page(runs, list(cited.CLAIMS)))
+    write("coverage.md", coverage.coverage_page(runs, list(cited.CLAIMS)))
     write("history.md", pages.history_page(runs))
     write("parameters.md", pages.parameters_page())
     write("pin_sets.md", (book / "pin_sets.md").read_text(encoding="utf-8")

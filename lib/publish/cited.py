@@ -1,7 +1,9 @@
-"""What public sources claim for the engines and lanes this guide does not run (the coverage
-page). Each claim names its source and the date the source gives, or the date it was found when
-the source gives none ("as found"). Sources: ../shared/reference/ANCHORS.md (REPRO: the public
-2x p5en reproduction); figures are theirs, not ours."""
+"""What public sources claim for the engines and lanes this guide does not run: the coverage
+page's table of claims (the reproduction's serving figures per engine are data of their own,
+lib.measure.published.cross_engine_figures). Each claim names its source and the date the source
+gives, or the date it was found when the source gives none ("as found"). Sources:
+../shared/reference/ANCHORS.md (REPRO: the public 2x p5en reproduction); figures are theirs,
+not ours."""
 from __future__ import annotations
 
 from lib.measure.published import SOURCE as REPRO  # the public 2x p5en reproduction
@@ -20,14 +22,8 @@ CLAIMS = (
     {"engine": "vLLM", "claim": "AWS sample, Qwen3-30B-A3B-FP8 DP16/EP16 on 2x p5en: eager "
      "4.8 to 301.8 tok/s (c1 to c64), CUDA graphs 5.0 to 239.7; not merged",
      "source": "awsome-distributed-ai PR #1230", "date": "2026-09-22"},
-    {"engine": "SGLang", "claim": "0.5.11 with DeepEP V2 over EFA on 2x p5en: 34.5 / 67.2 / "
-     "255.2 output tok/s at c4 / 8 / 32, with EP_NUM_COMMS 8 (an overlay)",
-     "source": REPRO, "date": "2026-07-07"},
     {"engine": "SGLang", "claim": "a deepep_v2 backend merged upstream (#29525, relanded #35634)",
      "source": "SGLang GitHub", "date": "2026-08"},
-    {"engine": "TensorRT-LLM", "claim": "0.21.0 with DeepEP V2 over EFA on 2x p5en: 66.5 / "
-     "147.5 / 586.7 output tok/s at c4 / 8 / 32 (API shim)", "source": REPRO,
-     "date": "2026-07-07"},
     {"engine": "TensorRT-LLM", "claim": "NCCL EP backend only in 1.3.0rc24; illegal memory "
      "access at first dispatch on EFA reported (#17714, #17715)",
      "source": "TensorRT-LLM GitHub", "date": "as found 2026-12-01"},

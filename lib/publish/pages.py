@@ -1,5 +1,5 @@
 """The book's generated pages: the landing page's answers, the results page, the appendix (the
-run history and a page per run), the comparison and the coverage.
+run history and a page per run) and the comparison (the coverage: lib.publish.coverage).
 
 Every number comes from lib.publish.results (evidence, through the catalog) or from
 lib.measure.published (cited, with source and date). A number whose evidence is missing or whose
@@ -82,6 +82,34 @@ def sets_said(ev: "Evidence", run_ids) -> str:
     sets = sorted({r.pin_set for r in ev.runs if r.run_id in set(run_ids)})
     return "Pin set" + ("s" if len(sets) > 1 else "") + ": " + ", ".join(f"`{x}`" for x in sets) \
         + " ([pin sets](pin_sets.md))."
+
+
+class Notes:
+    """Reasons too long for a table cell (a log line quoted whole, a path): the cell names a
+    numbered note and the notes follow the table, each reason once, so that no table is wider
+    than the page's column (tests/test_book_browser.py measures it at a 1400-pixel window)."""
+
+    LONGEST_CELL = 80   # characters of a reason kept in its cell
+    LONGEST_WORD = 24   # characters of one unbroken word (a path does not wrap)
+
+    def __init__(self):
+        self.reasons: list[str] = []
+
+    def said(self, reason: str) -> str:
+        """The reason itself where it fits a cell, else "note N" (N from 1, in order)."""
+        words = reason.replace("-", " ").replace("_", " ").split()
+        if len(reason) <= self.LONGEST_CELL and all(len(w) <= self.LONGEST_WORD for w in words):
+            return reason
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return f"note {self.reasons.index(reason) + 1}"
+
+    def markdown(self) -> str:
+        """The notes as a numbered list (empty when every reason fitted its cell)."""
+        if not self.reasons:
+            return ""
+        return "\nNotes:\n\n" + "\n".join(f"{i}. {r}" for i, r in
+                                           enumerate(self.reasons, start=1)) + "\n"
 
 
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -197,12 +225,14 @@ def works_section(ev: Evidence) -> list[str]:
                                            "no run that may feed results has a passing 04 on "
                                            "deepep_v2")})
     graphs = ev.ratios[(ev.ratios["lever"] == "graphs+EP / eager+EP")]
+    notes = Notes()
     for run_id, rows_of_run in graphs.groupby("run", sort=False):
         run = by_id(ev.runs)[run_id]
         measured = rows_of_run["ratio"].notna().all()
         why = rows_of_run["why_not"].iloc[0]
         rows.append({"claim": f"vLLM with CUDA graphs on {run.serving.replace('vLLM, ', '')}",
-                     "result": "PASS: served every cell" if measured else f"FAIL: {why}",
+                     "result": "PASS: served every cell" if measured else
+                               f"FAIL: {notes.said(why)}",
                      "evidence": evidence_cell(run, run.serving)})
     rows.append({"claim": "across p5en nodes over EFA (EP16, GIN through aws-ofi-nccl)",
                  "result": f"{NOT_MEASURED} here: no p5en cluster was lent; the Kubernetes and "
@@ -210,7 +240,7 @@ def works_section(ev: Evidence) -> list[str]:
                            "(see the appendix)",
                  "evidence": f"{published.HARDWARE}; DeepEP test_ep and vLLM; {CITED}, "
                              "2026-07-06: works"})
-    return ["(works)=", "## 1. Does it work?\n", _md_table(pd.DataFrame(rows)),
+    return ["(works)=", "## 1. Does it work?\n", _md_table(pd.DataFrame(rows)), notes.markdown(),
             "\nThe answers check (each arm asked the same greedy prompts, `lib.measure.agreement`)"
             " came after the GPU runs above: none of them carries it yet.\n"]
 
@@ -280,19 +310,8 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
         plots.lever_plot(ratios, figures_dir)
         out.append("![each ratio and every paired round](figures/levers.png)\n")
         out.append(sets_said(ev, ratios["run"]) + "\n")
-    table = pd.DataFrame({
-        "b / a": ratios["lever"], "shape": ratios["shape"], "concurrency": ratios["concurrency"],
-        "rounds": ratios["rounds"],
-        "ratio": [(_fmt(r, 3) if pd.notna(r) else f"{NOT_MEASURED}: {why}")
-                  for r, why in zip(ratios["ratio"], ratios["why_not"])],
-        "interval (95%)": [f"{lo:.3f} to {hi:.3f}" if lo is not None and pd.notna(lo) else
-                           f"none: {n} rounds, under {MIN_ROUNDS_FOR_INTERVAL}"
-                           for lo, hi, n in zip(ratios["low"], ratios["high"], ratios["rounds"])],
-        "each round": ratios["each_round"].map(lambda v: ", ".join(f"{x:.3f}" for x in v)),
-        "run": ratios["run"].map(run_link),
-        "pin set": ratios["run"].map({r.run_id: r.pin_set for r in ev.runs}),
-    })
-    out.append(_md_table(table))
+    notes = Notes()
+    out += [_md_table(lever_table(ev, notes)), notes.markdown()]
     epnc = published_epnc_ratio()
     out.append(f"\nA round pairs the two arms measured back to back, so each round's b / a is "
                f"read beside the ratio of medians; with fewer than {MIN_ROUNDS_FOR_INTERVAL} "
@@ -303,6 +322,26 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
                f"simulated (appendix). Cited: {epnc:.2f}x output tok/s at concurrency 32 on "
                f"{published.HARDWARE} ({CITED}, 2026-07-07).\n")
     return out
+
+
+def lever_table(ev: Evidence, notes: Notes) -> pd.DataFrame:
+    """Each lever's ratio per cell, six columns wide: the shape with its concurrency, the rounds
+    with their interval, the run with its pin set; a reason too long for a cell in `notes`."""
+    ratios = ev.ratios
+    sets = {r.run_id: r.pin_set for r in ev.runs}
+    return pd.DataFrame({
+        "b / a": ratios["lever"],
+        "shape, c": [f"{shape}, c{c}" if shape else f"c{c}"
+                     for shape, c in zip(ratios["shape"], ratios["concurrency"])],
+        "ratio": [(_fmt(r, 3) if pd.notna(r) else f"{NOT_MEASURED}: {notes.said(why)}")
+                  for r, why in zip(ratios["ratio"], ratios["why_not"])],
+        "interval (95%)": [f"{lo:.3f} to {hi:.3f}, {n} rounds"
+                           if lo is not None and pd.notna(lo) else
+                           f"none: {n} rounds, under {MIN_ROUNDS_FOR_INTERVAL}"
+                           for lo, hi, n in zip(ratios["low"], ratios["high"], ratios["rounds"])],
+        "each round": ratios["each_round"].map(lambda v: ", ".join(f"{x:.3f}" for x in v)),
+        "run (pin set)": [f"{run_link(run)} ({sets.get(run, '')})" for run in ratios["run"]],
+    })
 
 
 # --- appendix -------------------------------------------------------------------------------
@@ -445,7 +484,13 @@ def stage_gates_section(run: Run, stage: str) -> str:
             f"{run.level}:\n\n" + _md_table(table))
 
 
-# --- comparison and coverage ----------------------------------------------------------------
+# --- comparison ------------------------------------------------------------------------------
+
+# The public tree's columns as a reader names them (a snake_case header does not wrap)
+PUBLIC_TREE_HEADERS = {"run_folder": "run folder", "concurrency": "c",
+                       "output_tps": "output tok/s", "ttft_p50_ms": "TTFT p50 (ms)",
+                       "itl_p50_ms": "ITL p50 (ms)"}
+
 
 def comparison_page(ev: Evidence, public_tree: pd.DataFrame | None) -> str:
     out = ["# Comparison with published figures\n",
@@ -484,78 +529,8 @@ def comparison_page(ev: Evidence, public_tree: pd.DataFrame | None) -> str:
                             "ttft_p50_ms", "itl_p50_ms") if c in public_tree]
         out.append(f"{CITED}; {published.HARDWARE}; read by `lib.measure.aiperf` from the "
                    "reproduction's own AIPerf exports, arms named from their folders:\n")
-        out.append(_md_table(public_tree[cols].round(1)))
+        out.append(_md_table(public_tree[cols].round(1).rename(columns=PUBLIC_TREE_HEADERS)))
     return "\n".join(out)
-
-
-COVERAGE_PLACES = ("local CPU", "one GPU host", "Kubernetes", "Slurm")
-
-
-def place_of(run: Run) -> str:
-    if run.context == "kube":
-        return "Kubernetes"
-    if run.context == "slurm":
-        return "Slurm"
-    return "one GPU host" if "H200" in run.hardware else "local CPU"
-
-
-def coverage_page(runs: list[Run], cited: list[dict]) -> str:
-    """What the guide runs (from the committed runs), what it only renders, and what the public
-    sources claim (cited, with dates)."""
-    engines = {"vLLM": lambda r: r.serving.startswith("vLLM"),
-               "SGLang": lambda r: r.serving.startswith("SGLang"),
-               "TensorRT-LLM": lambda r: r.serving.startswith("TensorRT-LLM"),
-               "DeepEP test_ep": lambda r: r.kernel.startswith("DeepEP"),
-               "torch benchmark": lambda r: "torch benchmark" in r.kernel,
-               "transformers serve (tiny model)": lambda r: r.serving.startswith("transformers")}
-    rows = []
-    for engine, ran in engines.items():
-        row = {"engine / lane": engine}
-        for place in COVERAGE_PLACES:
-            mine = [r for r in runs if place_of(r) == place and ran(r)]
-            row[place] = (f"runs ({len(mine)}: latest {run_link(mine[-1].run_id)})" if mine else
-                          RENDER_ONLY.get((engine, place), "not run"))
-        rows.append(row)
-    for claim in cited:
-        rows.append({"engine / lane": claim["engine"], **{p: "not run" for p in COVERAGE_PLACES},
-                     "cited": f"{claim['claim']} ({claim['source']}, {claim['date']})"})
-    table = pd.DataFrame(rows).fillna("")
-    return ("# Coverage\n\nWhat this guide runs, by place, from its committed runs (each cell "
-            "names the latest); what it renders and checks without running (build-only); and "
-            "what public sources claim for the engines it does not run (cited, dated).\n\n"
-            + _md_table(table)
-            + "\n\nKubernetes runs use a real control plane with simulated nodes, Slurm runs a real "
-              "scheduler with its nodes on one CPU host: their levels are on their run pages. "
-              + pin_sets_line(runs) + "\n")
-
-
-def pin_sets_line(runs: list[Run]) -> str:
-    from lib.roots import pins
-
-    used: dict[str, int] = {}
-    for run in runs:
-        used[run.pin_set] = used.get(run.pin_set, 0) + 1
-    levels = {name: (spec or {}).get("level", "") for name, spec in
-              (pins.load().get("sets") or {}).items()}
-    said = "; ".join(f"`{name}` ({levels.get(name, '')}): "
-                     + (f"{used[name]} committed runs" if name in used else "no run yet")
-                     for name in levels)
-    return f"Pin sets ([pin sets](pin_sets.md)): {said}."
-
-
-# Rendered and validated (kubernetes-validate, shellcheck) but not run here: build-only.
-RENDER_ONLY = {
-    ("vLLM", "Slurm"): "build-only: leader and worker steps rendered, shellchecked",
-    # no committed run: what `make test` runs (tests/test_kube_stages.py, tests/test_sglang.py,
-    # tests/test_trtllm.py) and what a plan renders; never measured anywhere here
-    ("SGLang", "Kubernetes"): "control plane with simulated nodes (make test): 04 and 05 on "
-                              "logs composed from SGLang 0.5.19's source; no committed run",
-    ("SGLang", "Slurm"): "build-only: a step per node rendered, shellchecked (plan)",
-    ("TensorRT-LLM", "Kubernetes"): "control plane with simulated nodes (make test): 04 on the "
-                                    "public reproduction's recorded logs; no committed run",
-
-    ("DeepEP test_ep", "Slurm"): "build-only: the test_ep step rendered, shellchecked",
-}
 
 
 # --- parameters -----------------------------------------------------------------------------

@@ -291,3 +291,17 @@ def test_an_interrupted_stage_is_said_so_in_the_appendix(tmp_path):
     assert "incomplete: 06 interrupted (make run RUN=<id> resumes it)" in history
     summary = pages.run_page(mine, REFERENCE)
     assert "| 06_multicomm | 0 | 0 | 0 | interrupted |" in summary
+
+
+def test_a_reason_too_long_for_its_cell_becomes_the_tables_note_once():
+    notes = pages.Notes()
+    assert notes.said("no run that may feed results") == "no run that may feed results"
+    assert notes.markdown() == ""  # every reason fitted its cell: no notes
+    long_line = "the server died serving: " + "x" * 80
+    a_path = "see /pytorch/aten/src/ATen/native/cuda/IndexKernel.cu"  # short, one long word
+    assert notes.said(long_line) == "note 1"
+    assert notes.said(a_path) == "note 2"
+    assert notes.said(long_line) == "note 1"  # the same reason, the same note
+    assert notes.said("gpu-2xh200-deepep-vllm-20261130d failed") == (
+        "gpu-2xh200-deepep-vllm-20261130d failed")  # hyphens wrap: it fits
+    assert notes.markdown() == f"\nNotes:\n\n1. {long_line}\n2. {a_path}\n"

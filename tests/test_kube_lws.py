@@ -257,12 +257,43 @@ def test_a_run_that_recorded_workload_replays_it_as_kube_workload_and_refuses_an
 cluster = pytest.mark.skipif(not plane_available(), reason=NOT_BUILT)
 
 
+# kube-apiserver 1.20.2 vendors modern-go/reflect2 v1.0.1, whose map iteration faults under the
+# Go that scripts/kube-plane.sh builds it with (golang-1.19: reflect2 needs >= v1.0.2 from Go
+# 1.18 on, modern-go/reflect2#26): the API server then dies on the first custom resource it
+# stores (apiextensions' GetObjectMeta marshals its metadata map). Built-in objects never take
+# that path. Said as the skip's reason until the plane is built with reflect2 v1.0.2 (Debian's
+# golang-github-modern-go-reflect2-dev 1.0.2 over the tree's vendor/github.com/modern-go/reflect2).
+CR_FAULT = ("this plane's kube-apiserver died storing a custom resource (reflect2 v1.0.1 under "
+            "Go >= 1.18, modern-go/reflect2#26): rebuild it with reflect2 v1.0.2 vendored "
+            "(scripts/kube-plane.sh)")
+
+
+def stores_custom_resources(plane) -> bool:
+    """Create one small LeaderWorkerSet and delete it: False when the API server died doing so
+    (CR_FAULT)."""
+    probe = {"apiVersion": mf.LWS_API_VERSION, "kind": "LeaderWorkerSet",
+             "metadata": {"name": "cr-probe", "namespace": "default"},
+             "spec": {"leaderWorkerTemplate": {"size": 1, "workerTemplate": {"spec": {
+                 "containers": [{"name": "c", "image": "registry.example/c:1"}]}}}}}
+    collection = "/apis/leaderworkerset.x-k8s.io/v1/namespaces/default/leaderworkersets"
+    try:
+        plane.api.post(collection, probe)
+        plane.api.delete(f"{collection}/cr-probe")
+        return True
+    except OSError:
+        return False
+    finally:
+        plane.api.close()
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The p5en test cluster (tests/kube_env.py) with the LWS CRD registered on its real API
     server and the controller double running."""
     with KubeEnv(tmp_path_factory.mktemp("kube-lws")) as cluster_env:
         cluster_env.plane.register_crd(CRD)
+        if not stores_custom_resources(cluster_env.plane):
+            pytest.skip(CR_FAULT)
         cluster_env.lws = LwsControllerDouble(cluster_env.plane).start()
         try:
             yield cluster_env
@@ -354,7 +385,7 @@ def test_04_vllm_serves_as_a_leaderworkerset_gated_as_the_statefulset_and_replay
                                                    .read_text())]
     assert kinds == ["Service", "LeaderWorkerSet"]
     assert all("vllm-0" in argv for argv in kubectl_calls(run, "exec"))  # requests: the leader
-    assert [a for a in kubectl_calls(run, "delete")][0][3] == mf.LWS_RESOURCE
+    assert kubectl_calls(run, "delete")[0][3:5] == ["delete", mf.LWS_RESOURCE]  # first: no pod remade
     nothing_left(env)
     replay = env.stage("04_serve", run, replay=True, model_cache_dir=MODEL_CACHE,
                        engine="vllm", kube_workload="leaderworkerset")

@@ -156,7 +156,9 @@ class LocalSlurm:
         the last sinfo output and the daemons' log tails). ``gres_gpus`` > 0 declares
         ``Gres=gpu:<n>`` per node, each GPU a stand-in character device (root only: mknod).
         ``cpus_per_node`` defaults to min(2, this host's CPUs): every slurmd sees the whole
-        host, and a node configured with more CPUs than that registers INVAL."""
+        host, and a node configured with more CPUs than that registers INVAL, unless slurmd
+        takes the configured ones (SlurmdParameters=config_overrides, written when more are
+        asked: a task per GPU of 8-GPU nodes needs 8 CPUs a node)."""
         if self.procs:
             raise LocalSlurmError("already started")
         self.pids, self.timings = {}, {}
@@ -241,6 +243,8 @@ class LocalSlurm:
             "SlurmdTimeout=60",
             "SlurmctldTimeout=60",
         ]
+        if self.cpus_per_node > (os.cpu_count() or 1):
+            lines.append("SlurmdParameters=config_overrides")
         if gres:
             lines.append("GresTypes=gpu")
         for node in self.nodes:

@@ -444,11 +444,12 @@ needs_gres = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU devices 
 
 
 @contextmanager
-def gres_cluster(tmp_path_factory, monkeypatch, gpus: int):
-    """A second two-node Slurm whose nodes declare Gres=gpu:<gpus>, its client environment
-    this process's while it runs."""
+def gres_cluster(tmp_path_factory, monkeypatch, gpus: int, cpus: int | None = None):
+    """A second two-node Slurm whose nodes declare Gres=gpu:<gpus> (and `cpus` CPUs: a task
+    per GPU needs one each), its client environment this process's while it runs."""
     gres = slurmlocal.LocalSlurm()
-    gres.start(tmp_path_factory.mktemp(f"gres{gpus}"), nodes=2, gres_gpus=gpus)
+    gres.start(tmp_path_factory.mktemp(f"gres{gpus}"), nodes=2, gres_gpus=gpus,
+               cpus_per_node=cpus)
     try:
         for key, value in gres.env.items():
             monkeypatch.setenv(key, value)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-ROLES = ("leader", "worker", "local")
+ROLES = ("leader", "worker", "local", "task")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class EngineSpec:
     """One serving process: what any engine needs to render it.
 
     `role`: 'leader' (node 0 of a multi-node serve: HTTP and the rendezvous), 'worker' (node
-    k > 0, no HTTP, ranks from `start_rank`), or 'local' (one machine, its GPUs the ranks).
+    k > 0, no HTTP, ranks from `start_rank`), 'local' (one machine, its GPUs the ranks), or
+    'task' (one rank of an MPI world the cluster's scheduler launched: `launch` "mpi_world").
     DP = EP = nodes x gpus_per_node with TP 1 (the public reproduction's layout)."""
     model: str
     role: str = "local"
@@ -89,6 +90,10 @@ class Engine:
     level = "measured here"
     # the pin (pins.yaml) a pin set must hold to serve with it; None: pinned elsewhere
     pin: str | None = None
+    # how a multi-node serve is launched: "per_node" (one process per node, roles leader and
+    # worker) or "mpi_world" (one MPI rank per GPU; where the scheduler launches MPI worlds,
+    # as Slurm's srun does, every rank is a 'task' of one step; elsewhere the leader's mpirun)
+    launch = "per_node"
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
         raise NotImplementedError(f"engine {self.name} renders no command")

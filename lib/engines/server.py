@@ -44,6 +44,9 @@ class Server:
     device: str = "cpu"
     stopped: bool = False
     gates: list[Gate] = field(default_factory=list)
+    # the hub revision AIPerf loads the served model's tokenizer at, from the cache the engine
+    # filled (None: `model_dir` is a folder, or the place's AIPerf has no such cache)
+    tokenizer_revision: str | None = None
 
     @property
     def url(self) -> str:

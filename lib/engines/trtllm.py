@@ -13,9 +13,14 @@ so it is not rendered here). TensorRT-LLM's wheels are not on the registries rea
 (PyPI holds 1.6 KB stubs pointing to pypi.nvidia.com; 0.21.0 pins torch <= 2.8, 1.2.1 torch
 < 2.10, ANCHORS 7), so nothing of it has run here, and its own source was not read.
 
-The shape on a cluster: node 0 runs mpirun (the leader), every other node an sshd on port 2222
+The shape on kube (R's): node 0 runs mpirun (the leader), every other node an sshd on port 2222
 that mpirun reaches (a worker, ready once its ranks are spawned); the leader's output is every
-rank's. What its logs prove (every line below is in R's logs):
+rank's. On Slurm the scheduler launches the MPI world itself (`launch` "mpi_world"): one step of
+a task per GPU over every node, `srun -l --mpi=pmix`, each task `trtllm-llmapi-launch
+trtllm-serve serve ...` (role 'task'), as TensorRT-LLM's own example does
+(examples/llm-api/llm_mgmn_trtllm_serve.sh, NVIDIA/TensorRT-LLM at b35ac1b: sbatch -N 2
+--ntasks-per-node=8, then srun -l --mpi=pmix of trtllm-llmapi-launch trtllm-serve); the step's
+output is every rank's, each line under its task's label. What its logs prove (every line below is in R's logs):
 
 - TensorRT-LLM chose DeepEP: "[TRT-LLM] [RANK 0] [I] CutlassFusedMoE selects
   alltoall_method_type <AlltoallMethodType.DeepEP: 2>" (rank 0 only);
@@ -63,6 +68,16 @@ _FATAL_RE = re.compile(r"Executor worker returned error|Engine loading failed|Tr
                        r"\(most recent call last\)|CUDA error: |NCCL error|illegal memory access")
 
 
+# srun --label's prefix of every line of a task ("<task>: "; lib.places.batch.world_argv)
+_SRUN_LABEL_RE = re.compile(r"^\s*\d+: ")
+
+
+def _traced(line: str) -> bool:
+    """Whether a line is `set -x`'s echo of a command (its '+ '), under srun's task label or
+    not (the world step on Slurm labels every line; mpirun's output on kube has none)."""
+    return _SRUN_LABEL_RE.sub("", line, count=1).startswith("+ ")
+
+
 def _hosts(spec: EngineSpec) -> list[str]:
     """Every node's address, from the leader's (a StatefulSet's `<name>-0.<service>...`)."""
     m = re.match(r"^(.+)-0(\..+)?$", spec.rendezvous or "")
@@ -93,6 +108,8 @@ def trtllm_argv(spec: EngineSpec, env: Mapping[str, str]) -> list[str]:
     dp = spec.dp_size
     serve = ["trtllm-llmapi-launch", "trtllm-serve", "serve", spec.model, "--tp_size", str(dp),
              "--ep_size", str(dp), "--host", "0.0.0.0", "--port", str(spec.port), *SERVE_FLAGS]
+    if spec.role == "task":  # one rank of the world srun launched (SLURM_PROCID its rank)
+        return serve
     if spec.role == "local":
         return ["mpirun", "--allow-run-as-root", "-np", str(dp), *serve]
     hosts = ",".join(f"{h}:{spec.gpus_per_node}" for h in _hosts(spec))
@@ -136,7 +153,7 @@ def no_executor_error_gate(leader: str, *, log_name: str) -> dict:
     "Engine loading failed"); `set -x`'s echo of that grep is not one. (That the API is up is
     the place's readiness gate: R's committed logs hold no uvicorn line to read.)"""
     errors = [(i, l) for i, l in enumerate(lines_of(leader), 1)
-              if _ERROR_RE.search(l) and not l.startswith("+ ")]
+              if _ERROR_RE.search(l) and not _traced(l)]
     return gate("trtllm_no_executor_error", not errors, len(errors), 0,
                 f"{len(errors)} executor error line(s)" if errors else
                 "no executor error, no engine-loading failure",
@@ -153,6 +170,7 @@ class TrtllmEngine(Engine):
     level = "rendered and log-gated on the public reproduction's logs (never run here)"
     pin = "tensorrt_llm"
     log_name = "trtllm.log"
+    launch = "mpi_world"
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
         env = trtllm_env(spec)
@@ -172,6 +190,6 @@ class TrtllmEngine(Engine):
 
     def first_fatal(self, text: str) -> str | None:
         for line in lines_of(text):
-            if _FATAL_RE.search(line) and not line.startswith("+ "):
+            if _FATAL_RE.search(line) and not _traced(line):
                 return line.strip()
         return None

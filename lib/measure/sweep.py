@@ -61,12 +61,15 @@ def forced_length_inputs(engine: str, output_tokens: int) -> str:
 def aiperf_argv(*, engine: str, model_dir: str | Path, url: str, concurrency: int,
                 request_count: int, warmup_requests: int, input_tokens: int, output_tokens: int,
                 seed: int, artifact_dir: str | Path, cores: str | None = None,
-                aiperf: str | Path = AIPERF) -> list[str]:
-    """The one builder of AIPerf's command line."""
+                aiperf: str | Path = AIPERF, tokenizer_revision: str | None = None) -> list[str]:
+    """The one builder of AIPerf's command line. `tokenizer_revision`: the hub commit of a
+    served hub model, its tokenizer then read from the cache the engine downloaded it into (a
+    commit leaves no refs/main there, and the hub itself is never reached: DEAD_HUB)."""
     warmup = ["--warmup-request-count", str(warmup_requests)] if warmup_requests else []
+    revision = ["--tokenizer-revision", tokenizer_revision] if tokenizer_revision else []
     argv = [
         *UNSET_OFFLINE, str(aiperf), "profile",
-        "--model", str(model_dir), "--tokenizer", str(model_dir),
+        "--model", str(model_dir), "--tokenizer", str(model_dir), *revision,
         "--url", url, "--endpoint-type", "chat", "--streaming",
         "--concurrency", str(concurrency), "--request-count", str(request_count), *warmup,
         "--synthetic-input-tokens-mean", str(input_tokens),
@@ -181,7 +184,8 @@ def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
             engine=engine, model_dir=server.model_dir, url=server.url,
             concurrency=cell.concurrency, request_count=requests, warmup_requests=warmup,
             input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
-            artifact_dir=artifact_dir, cores=cores, aiperf=aiperf or AIPERF)
+            artifact_dir=artifact_dir, cores=cores, aiperf=aiperf or AIPERF,
+            tokenizer_revision=server.tokenizer_revision)
 
     timeout = cell_timeout_s(requests, warmup, output_tokens, cell.concurrency)
     call = server.run_aiperf(stage, lambda a, d, c: bounded(argv_for(a, d, c), timeout),

@@ -83,10 +83,7 @@ def step_argv(*, jobid: str, nodes: int, out_base: str, time_min: int, script: s
 
     `image`: the step runs in it through pyxis (`--container-image`, the `mounts` at the same
     paths, `--container-workdir` = `chdir`); without it, on the nodes themselves."""
-    container = ([f"--container-image={image}"]
-                 + ([f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}"] if mounts
-                    else [])
-                 + [f"--container-workdir={chdir}"]) if image else []
+    container = _container_args(image, mounts, chdir)
     return [
         "srun", f"--jobid={jobid}", f"--nodes={nodes}", f"--ntasks={nodes}",
         "--ntasks-per-node=1",
@@ -111,6 +108,15 @@ def env_argv(env: dict[str, str] | None = None, unset: Sequence[str] = ()) -> li
             + [f"{k}={v}" for k, v in sorted((env or {}).items())])
 
 
+def _container_args(image: str, mounts: Sequence[str], chdir: str) -> list[str]:
+    """pyxis's flags for a step in `image` (none without one)."""
+    if not image:
+        return []
+    return ([f"--container-image={image}"]
+            + ([f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}"] if mounts else [])
+            + [f"--container-workdir={chdir}"])
+
+
 def task_argv(*, jobid: str, node: str, name: str, time_min: int, chdir: str,
               argv: Sequence[str], env: dict[str, str] | None = None, unset: Sequence[str] = (),
               gpus_per_node: int = 0, output: str = "", error: str = "", image: str = "",
@@ -120,10 +126,7 @@ def task_argv(*, jobid: str, node: str, name: str, time_min: int, chdir: str,
     `squeue -s` lists, so its steps can be found and cancelled), stdin closed. Its output into
     `output`/`error` when given, else back through srun (a server's: the door's log file).
     `image`: in it through pyxis, as step_argv."""
-    container = ([f"--container-image={image}"]
-                 + ([f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}"] if mounts
-                    else [])
-                 + [f"--container-workdir={chdir}"]) if image else []
+    container = _container_args(image, mounts, chdir)
     return [
         "srun", f"--jobid={jobid}", "--overlap", "--nodes=1", "--ntasks=1",
         f"--nodelist={node}", f"--job-name={name}",
@@ -131,6 +134,28 @@ def task_argv(*, jobid: str, node: str, name: str, time_min: int, chdir: str,
         "--mpi=none", f"--time={time_min}", f"--chdir={chdir}", "--export=ALL",
         "--input=none", *([f"--output={output}"] if output else []),
         *([f"--error={error}"] if error else []),
+        *container, *env_argv(env, unset), *[str(a) for a in argv],
+    ]
+
+
+def world_argv(*, jobid: str, nodes: Sequence[str], name: str, time_min: int, chdir: str,
+               argv: Sequence[str], tasks_per_node: int, mpi: str,
+               env: dict[str, str] | None = None, unset: Sequence[str] = (), image: str = "",
+               mounts: Sequence[str] = ()) -> list[str]:
+    """srun of one MPI world over the allocation's `nodes`: `tasks_per_node` tasks on each
+    (one per GPU, each seeing every GPU of its node: the engine picks its device by local
+    rank), wired by Slurm's `--mpi` plugin (pmix on most clusters; `srun --mpi=list` says), every
+    output line labelled with its task (`-l`: "<rank>: "). The shape of TensorRT-LLM's own
+    Slurm example (examples/llm-api/llm_mgmn_trtllm_serve.sh: sbatch -N 2
+    --ntasks-per-node=8, then srun -l --mpi=pmix of trtllm-llmapi-launch trtllm-serve).
+    `--overlap` and the rest as task_argv."""
+    container = _container_args(image, mounts, chdir)
+    return [
+        "srun", f"--jobid={jobid}", "--overlap", f"--nodes={len(nodes)}",
+        f"--ntasks-per-node={tasks_per_node}", f"--ntasks={len(nodes) * tasks_per_node}",
+        f"--nodelist={','.join(nodes)}", f"--job-name={name}",
+        f"--gres=gpu:{tasks_per_node}", f"--mpi={mpi}", "--label", f"--time={time_min}",
+        f"--chdir={chdir}", "--export=ALL", "--input=none",
         *container, *env_argv(env, unset), *[str(a) for a in argv],
     ]
 
@@ -209,10 +234,11 @@ def wrapper_script(name: str, per_node: Sequence[tuple[Sequence[str], dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def task_script(name: str, argv: Sequence[str]) -> str:
-    """A one-task step's command as a bash script of its own (a plan shows and checks it)."""
+def task_script(name: str, argv: Sequence[str], tasks: str = "one task on one node") -> str:
+    """A step's command (what each of its tasks runs) as a bash script of its own (a plan shows
+    and checks it); `tasks`: where its tasks run."""
     return ("#!/bin/bash\n"
-            f"# {name}: one task on one node of the allocation\n"
+            f"# {name}: {tasks} of the allocation\n"
             "set -u\n"
             f"exec {' '.join(shlex.quote(str(a)) for a in argv)}\n")
 

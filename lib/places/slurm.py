@@ -67,7 +67,7 @@ STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running
 class SlurmPlace(SlurmServing, Place):
     kind = "slurm"
     what = "the slurm place (Slurm through sbatch/srun)"
-    engines = ("transformers", "vllm", "sglang")
+    engines = ("transformers", "vllm", "sglang", "trtllm")
     gin = True  # p5en nodes: EFA, DeepEP's GIN on
     transport = "efa"  # lib.engines.transport's contract for the nodes' GPU processes
     shares_files = True  # the run's folder is on the nodes' shared file system (see above)

@@ -108,8 +108,12 @@ class SlurmPlan(Planning, SlurmPlace):
         words = [self.door.norm(str(a)) for a in argv]
         jobid = next(a.split("=", 1)[1] for a in argv if a.startswith("--jobid="))
         command = words[next(i for i, a in enumerate(words) if i and not a.startswith("--")):]
+        per_node = next((a.split("=", 1)[1] for a in argv
+                         if a.startswith("--ntasks-per-node=")), "1")
+        tasks = (f"every task of one MPI world ({per_node} per node)" if "--label" in argv
+                 else "one task on one node")  # lib.places.batch.world_argv labels its tasks
         text = (command[2] if command[:2] == ["bash", "-c"] else
-                batch.task_script(label, command))
+                batch.task_script(label, command, tasks))
         self._check_script(label, text, "sh")
         self.door.plan(argv, note=label + (" (left running)" if background else ""))
         self._planned[jobid]["steps"].append((words, background, label))

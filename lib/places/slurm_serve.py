@@ -189,6 +189,8 @@ class SlurmServing:
         slot = next(k for k in range(len(held.open) + 1) if k not in held.open)
         held.open.append(slot)
         server.jobid, server.nodes = held.jobid, held.names[:nodes]
+        if ep:  # a hub model the nodes downloaded: AIPerf's tokenizer at its pinned revision
+            server.tokenizer_revision = spec.model.get("revision") or None
         server.host = node_address(held.info, held.names[0])
         here = this_host(server.host)
         server.port = door.free_port() if here else batch.SERVE_PORT + slot
@@ -199,8 +201,12 @@ class SlurmServing:
                 self._stop_server(server, release=True)
 
         try:
-            steps = (self._node_steps(spec, server, python, gpus, slot, here, lone) if ep
-                     else self._transformers_steps(server, here))
+            if not ep:
+                steps = self._transformers_steps(server, here)
+            elif engine.launch == "mpi_world":
+                steps = self._world_step(spec, server, python, gpus)
+            else:
+                steps = self._node_steps(spec, server, python, gpus, slot, here, lone)
             if not self.plans_only:
                 stage.on_exit(backstop)
             started = door.now()
@@ -272,16 +278,10 @@ class SlurmServing:
         stem = server.log_path.stem
         steps = []
         for ordinal, node in enumerate(server.nodes):
-            argv, env = catalog.engine(spec.engine).command(EngineSpec(
-                model=server.model_dir, role="leader" if ordinal == 0 else "worker",
-                nodes=nodes, gpus_per_node=gpus, start_rank=ordinal * gpus,
-                backend=spec.backend, enforce_eager=spec.enforce_eager,
-                expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
-                port=server.port, rendezvous=server.host, rpc_port=rpc,
-                revision=p.get("model_revision") or None, transport=self.transport,
-                python=python, num_experts=spec.model.get("num_experts"),
-                gpu_memory_utilization=None if lone else ARM_GPU_MEMORY_UTILIZATION,
-                nccl_site=self.nccl_site()))
+            argv, env = catalog.engine(spec.engine).command(self._engine_spec(
+                spec, server, python, gpus, role="leader" if ordinal == 0 else "worker",
+                start_rank=ordinal * gpus, rpc_port=rpc,
+                gpu_memory_utilization=None if lone else ARM_GPU_MEMORY_UTILIZATION))
             if p.get("model_cache_dir"):
                 env["HF_HOME"] = p["model_cache_dir"]
             if ordinal == 0:
@@ -296,6 +296,38 @@ class SlurmServing:
                 env=env, unset=unset_vars(self.transport), gpus_per_node=gpus,
                 **self._in_image()), log_path))
         return steps
+
+    def _engine_spec(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
+                     **role) -> EngineSpec:
+        """The engine's process as this allocation runs it (`role`: its role and ranks)."""
+        p = self.stage.params
+        return EngineSpec(
+            model=server.model_dir, nodes=len(server.nodes), gpus_per_node=gpus,
+            backend=spec.backend, enforce_eager=spec.enforce_eager,
+            expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
+            port=server.port, rendezvous=server.host, revision=p.get("model_revision") or None,
+            transport=self.transport, python=python, num_experts=spec.model.get("num_experts"),
+            nccl_site=self.nccl_site(), **role)
+
+    def _world_step(self, spec: ServeSpec, server: SlurmServer, python: str,
+                    gpus: int) -> list[tuple]:
+        """An engine launched as one MPI world (lib.engines.base `launch`: TensorRT-LLM): one
+        step over every node, a task per GPU (lib.places.batch.world_argv, Slurm's `slurm_mpi`
+        plugin its wiring), every task the engine's 'task' command; task 0 serves HTTP on node
+        0 (trtllm-llmapi-launch makes rank 0 the server), every task's output in the one log,
+        labelled with its rank."""
+        argv, env = catalog.engine(spec.engine).command(
+            self._engine_spec(spec, server, python, gpus, role="task"))
+        if self.stage["model_cache_dir"]:
+            env["HF_HOME"] = self.stage["model_cache_dir"]
+        server.argv, server.env = list(argv), dict(env)
+        name = f"guide-{self.stage.name}-{batch.slug(server.log_path.stem)}-world"
+        server.step_names.append(name)
+        return [(",".join(server.nodes), batch.world_argv(
+            jobid=server.jobid, nodes=server.nodes, name=name,
+            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv, env=env,
+            unset=unset_vars(self.transport), tasks_per_node=gpus,
+            mpi=self.stage["slurm_mpi"], **self._in_image()), server.log_path)]
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
         """The local place's readiness loop on the leader's srun and node 0's port; for an
@@ -397,6 +429,8 @@ class SlurmServing:
         aiperf, extra = self._aiperf()
         argv = argv_for(aiperf, str(out), None)
         env = {**sweep.aiperf_env(stage.path(sweep.MMAP_FOLDER)), **extra}
+        if server.tokenizer_revision and stage["model_cache_dir"]:
+            env["HF_HOME"] = stage["model_cache_dir"]  # the engine's cache: its tokenizer there
         base = stage.path(f"{batch.slug(name)}-{server.jobid}")
         step_name = f"guide-{stage.name}-{batch.slug(name)}"
         if not stage.replay and not self.plans_only:

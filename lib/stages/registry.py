@@ -32,6 +32,8 @@ from lib.roots import pins as pins_mod
 CONTEXTS = ("local", "plan", "kube", "slurm")
 CLUSTER_PLACES = ("kube", "slurm")  # what `plan` can plan for
 ENGINES = tuple(sorted(catalog.ENGINES))
+# srun --mpi's plugins (Slurm's mpi/ plugin names; pmix_vN where more than one PMIx is built)
+SLURM_MPI_PLUGINS = ("pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shasta", "none")
 WORKLOADS = ("statefulset", "leaderworkerset")
 _CLUSTER = ("plan", "kube", "slurm")  # contexts that serve a real model on p5en-class nodes
 _MODEL_PIN = pins_mod.load()["pins"]["model"]  # the one source of the cluster model and revision
@@ -149,6 +151,9 @@ _PARAMS = [
     Param("partition", OrEmpty(SLURM_NAME, "the cluster's default"), {"*": ""},
           "slurm: the partition ('' the cluster's default)"),
     Param("account", OrEmpty(SLURM_NAME, "none"), {"*": ""}, "slurm: the account ('' none)"),
+    Param("slurm_mpi", OneOf(SLURM_MPI_PLUGINS), {"*": "pmix"},
+          "slurm: srun's --mpi plugin for an engine launched as one MPI world (TensorRT-LLM: "
+          "a task per GPU); `srun --mpi=list` names the cluster's"),
     Param("time_limit_min", Integer(1, MAX_WAIT_S // 60, "minutes (a week)"), {"*": 60},
           "slurm: each step's time limit"),
     Param("schedule_timeout_s", _seconds(), {"*": 900.0},
@@ -263,7 +268,7 @@ PARAMS = {p.name: p for p in _PARAMS}
 COMMON = ("context", "run_id", "results_dir", "seed", "nodes", "gpus_per_node", "kube_context",
           "namespace", "pin_set")
 PLACE = ("plan_for", "instance_type", "efa_per_node", "image", "venv", "partition", "account",
-         "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
+         "slurm_mpi", "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
          "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret",
          "kube_workload", "enforce_eager", "num_comms")

@@ -47,7 +47,8 @@ def reference_book(tmp_path_factory):
 # pytest-dev/pytest-xdist#1386, open as of 2026-12-01; checked here with a two-file probe), so
 # the long files are split instead (tests/vllm_stage_kit.py).
 CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
-                 "test_manifests.py", "test_slurm_place.py", "test_slurmlocal.py")
+                 "test_manifests.py", "test_slurm_place.py", "test_slurm_engines.py",
+                 "test_slurmlocal.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).

@@ -21,6 +21,12 @@ readonly DEB_UPSTREAM=1.20.5+really1.20.2
 readonly GO_PKG=golang-1.19-go
 readonly GOROOT_DIR=/usr/lib/go-1.19
 readonly COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager)
+# What the built binaries are made of beyond the source package: a cache holding another
+# recipe's binaries is rebuilt. reflect2-1.0.2: Kubernetes 1.20 vendors modern-go/reflect2
+# v1.0.1, which faults under Go >= 1.18 (modern-go/reflect2#26, fixed in 1.0.2): kube-apiserver
+# died (SIGSEGV in reflect2's map iteration) storing its first custom resource.
+readonly RECIPE="debian-${DEB_UPSTREAM} ${GO_PKG} reflect2-1.0.2"
+readonly REFLECT2_PKG=golang-github-modern-go-reflect2-dev
 
 CACHE="${KUBE_PLANE_CACHE:-$HOME/.cache/deepep-guide/kube-${KUBE_VERSION}}"
 BIN="$CACHE/bin"
@@ -33,9 +39,16 @@ if [[ "$(id -u)" != 0 ]]; then
   SUDO=(sudo)
 fi
 
-# True when every binary is present and answers --version (all four at once: ~0.3 s).
+# True when the Kubernetes binaries are this recipe's (the stamp the build writes).
+recipe_built() {
+  [[ -f "$BIN/.recipe" ]] && [[ "$(cat "$BIN/.recipe")" == "$RECIPE" ]]
+}
+
+# True when every binary is present, is this recipe's and answers --version (all four at
+# once: ~0.3 s).
 built() {
   local b pids=()
+  recipe_built || return 1
   for b in "${COMPONENTS[@]}" etcd; do
     [[ -x "$BIN/$b" ]] || return 1
   done
@@ -113,6 +126,34 @@ fetch_source() {
     die "apt-get source did not give ${DEB_SOURCE} ${DEB_UPSTREAM} (got: $(ls "$dl"))"
 }
 
+# reflect2 1.0.2 (Debian's package of its source) over the tree's vendored 1.0.1: the same
+# API, and the Go >= 1.18 fix (see RECIPE). modules.txt keeps saying v1.0.1: -mod=vendor
+# checks the listed versions against go.mod, not the files.
+vendor_reflect2() {
+  local tree="$1" dl="$CACHE/reflect2-dl" deb src vendored
+  vendored="$tree/vendor/github.com/modern-go/reflect2"
+  [[ -d "$vendored" ]] || die "the tree vendors no github.com/modern-go/reflect2"
+  mkdir -p "$dl"
+  local sandbox=()
+  [[ "$(id -u)" != 0 ]] || sandbox=(-o "APT::Sandbox::User=root")
+  if ! compgen -G "$dl/${REFLECT2_PKG}_1.0.2-*.deb" >/dev/null; then
+    (cd "$dl" && apt-get "${sandbox[@]}" download -q "${REFLECT2_PKG}=1.0.2-*" >&2) ||
+      { "${SUDO[@]}" apt-get update -q >&2 &&
+        (cd "$dl" && apt-get "${sandbox[@]}" download -q "${REFLECT2_PKG}=1.0.2-*" >&2); } ||
+      die "could not download $REFLECT2_PKG 1.0.2"
+  fi
+  deb="$(compgen -G "$dl/${REFLECT2_PKG}_1.0.2-*.deb" | head -n1)"
+  rm -rf "$dl/x"
+  dpkg-deb -x "$deb" "$dl/x"
+  src="$dl/x/usr/share/gocode/src/github.com/modern-go/reflect2"
+  compgen -G "$src/*.go" >/dev/null || die "$deb holds no reflect2 source"
+  chmod -R u+w "$vendored"
+  find "$vendored" -maxdepth 1 \( -name '*.go' -o -name '*.s' \) -delete
+  find "$src" -maxdepth 1 \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' \
+    -exec cp {} "$vendored/" \;
+  log "vendored reflect2 replaced by $(basename "$deb")"
+}
+
 build_kube() {
   local work="$CACHE/work" tree dsc
   dsc="$(compgen -G "$CACHE/src-dl/${DEB_SOURCE}_${DEB_UPSTREAM}-*.dsc" | head -n1)"
@@ -122,6 +163,7 @@ build_kube() {
   log "unpacking $(basename "$dsc")"
   dpkg-source --no-check -x "$dsc" "$tree" >&2
   [[ -d "$tree/vendor" ]] || die "unpacked tree has no vendor/ directory"
+  vendor_reflect2 "$tree"
 
   # GOPATH layout the 1.20 build scripts expect.
   mkdir -p "$tree/.go/src/k8s.io"
@@ -150,6 +192,7 @@ build_kube() {
     install -m 0755 "$out" "$BIN/$c.tmp"
     mv -f "$BIN/$c.tmp" "$BIN/$c"
   done
+  printf '%s\n' "$RECIPE" >"$BIN/.recipe"
   if [[ "${KUBE_PLANE_KEEP_WORK:-0}" != 1 ]]; then
     chmod -R u+w "$work" 2>/dev/null || true
     rm -rf "$work"
@@ -201,6 +244,7 @@ cmd_build() {
     return 0
   fi
   local t0=$SECONDS c need_kube=0
+  recipe_built || need_kube=1
   for c in "${COMPONENTS[@]}"; do
     { [[ -x "$BIN/$c" ]] && "$BIN/$c" --version >/dev/null 2>&1; } || need_kube=1
   done

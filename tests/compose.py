@@ -436,7 +436,7 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
                       api_server_count: int | None = None, provider_form: str = "1.21",
                       drop_provider_rank: int | None = None,
                       sitecustomize_legacy_rank: int | None = None,
-                      tag: str = "") -> list[Path]:
+                      dead_rank: int | None = None, tag: str = "") -> list[Path]:
     """(d) vLLM expert-parallel serve at DP ``dp_size`` on ``dp_size // dp_local`` pods (leader,
     then headless workers), one log per pod, renumbered from the 2-GPU deepep_v2 recording:
     "[EP Rank 0/16] ... Local/global number of experts: 8/128" and the manager on the leader,
@@ -448,7 +448,12 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
     DeepEP one ("deepep_high_throughput": vLLM's own manager and prepare/finalize lines name
     the classes built on deep_ep.Buffer); ``sitecustomize_legacy_rank`` (R's .pth hook prints
     its FATAL line on that rank, whose process exits 3; its engine core reports the death, and
-    both pods' logs end there: the leader never completes the engines' handshake).
+    both pods' logs end there: the leader never completes the engines' handshake);
+    ``dead_rank`` (after every rank's communicator, in the first all-to-all of the engines'
+    start-up, that rank's worker raises an illegal memory access, in vLLM 0.24.0's recorded
+    "WorkerProc hit an exception." form (vllm-graphs-ep-1.log), and every other rank's DeepEP
+    kernel prints its Gin barrier timeout (DeepEP's device printf, unprefixed as NCCL's C output
+    is); no pod logs ready).
 
     Not faithful: the model is the recording's tiny MoE (/models/moe) with its expert count set
     to ``num_experts``; sizes, KV cache and times are the 2-GPU recording's; API servers after
@@ -582,10 +587,39 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
                                    + DIED_LINE.format(ts=ts))
                 if sitecustomize_legacy_rank is not None and _WORLD_LINE_RE.search(line):
                     died = True  # both pods' logs end here: the engines never became ready
+                if dead_rank is not None and _WORLD_LINE_RE.search(line):
+                    ts = re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", line).group(0)
+                    out += _first_dispatch_death(ranks, dead_rank, dp_local, ts, worker_pid)
+                    died = True
         name = (f"{PREFIX}vllm-dp{dp_size}-{backend}{tag}-"
                 f"{'leader' if role == 'leader' else f'worker{pod}'}.log")
         paths.append(_write(dest, name, "\n".join(out) + "\n"))
     return paths
+
+
+def _first_dispatch_death(ranks: list[int], dead_rank: int, per_node: int, ts: str,
+                          worker_pid) -> list[str]:
+    """A pod's ranks in the first all-to-all when `dead_rank` dies there (compose_vllm_pods'
+    `dead_rank`): its worker's error and traceback as vLLM 0.24.0 logs one (recorded form; the
+    frames here are DeepEP's combine), the others' DeepEP Gin barrier timeout printf (triage:
+    the printing rank = scaleout x ranks per node + scaleup)."""
+    out = []
+    for g in ranks:
+        if g == dead_rank:
+            pre = (f"(Worker_DP{g}_EP{g} pid={worker_pid(g)}) ERROR {ts} "
+                   "[multiproc_executor.py:1000] ")
+            out += [pre + "WorkerProc hit an exception.",
+                    pre + "Traceback (most recent call last):",
+                    pre + '  File "/usr/local/lib/python3.12/dist-packages/deep_ep/buffers/'
+                          'elastic.py", line 812, in combine',
+                    pre + "torch.AcceleratorError: CUDA error: an illegal memory access was "
+                          "encountered"]
+    for g in ranks:
+        if g != dead_rank:
+            node, local = divmod(g, per_node)
+            out.append(f"DeepEP Gin barrier timeout, tag: 8, scaleout: {node}, scaleup: "
+                       f"{local}, thread: 0, signal: 1, target: 2")
+    return out
 
 
 # --- node probes --------------------------------------------------------------------------------

@@ -313,6 +313,28 @@ def test_04_a_legacy_buffer_or_a_rank_without_efa_fails_the_serve(env, tmp_path)
     assert legacy.status == "FAIL" and "vllm-1.log" in " ".join(legacy.evidence)
 
 
+def test_04_a_serve_that_never_comes_up_names_the_first_rank_to_die(env, tmp_path):
+    """A vLLM serve whose rank 11 dies in the first all-to-all (an illegal memory access, in
+    vLLM's recorded WorkerProc form) while the other 15 print DeepEP's Gin barrier timeout
+    (composed, tests/compose.py): never Ready, and the gate 'first rank to fail' names rank 11
+    from worker pod vllm-1's log, the 15 timeouts its symptoms; nothing left behind."""
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve("vllm", compose.compose_vllm_pods(tmp_path / "logs", dead_rank=11),
+              model=p["model"], revision=p["model_revision"], config=config, ready=False)
+    stage = env.stage("04_serve", tmp_path / "run", model_cache_dir=MODEL_CACHE,
+                      server_timeout_s=3.0)
+    serve_stage.run(stage)
+    stage.finish()
+    failed = {g.gate: g for g in stage.gates if g.status == "FAIL"}
+    assert set(failed) == {"server ready", triage.GATE_FIRST_RANK}, list(failed)
+    first = failed[triage.GATE_FIRST_RANK]
+    assert first.reason.startswith("rank 11 (Worker_DP11_EP11) failed first"), first.reason
+    assert "vllm-1.log" in first.reason and "15 timeout line(s)" in first.reason
+    assert first.observed["symptom_ranks"] == [r for r in range(16) if r != 11]
+    assert env.objects_left() == []
+
+
 def test_an_interrupted_stage_leaves_no_object_behind(env, tmp_path):
     """A stage that stops half-way (an exception after its pods were applied): its clean-up,
     run when the stage closes (or the kernel exits), deletes everything of its run."""

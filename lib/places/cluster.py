@@ -71,6 +71,15 @@ def serve_gates(engine: str, leader: str, logs: dict[str, str], *, backend: str,
                                             evidence=evidence, api_servers=api_servers)
 
 
+def first_rank_gate(logs: dict[str, str], gpus_per_node: int, evidence: list[str]) -> dict:
+    """A serve that never came up, triaged (lib.measure.triage): the rank whose own error came
+    first, every peer's barrier or collective timeout its symptom (each rank waits for the dead
+    one in its next all-to-all), PASS when no log holds an error line."""
+    from lib.measure import triage  # lib.measure: not imported when a place is loaded
+
+    return triage.triage_gate(logs, ranks_per_node=gpus_per_node or None, evidence=evidence)
+
+
 def wait_until(door, look: Callable[[Callable[[], float]], tuple[bool, Any]], timeout_s: float,
                what: str = "", *, poll_s: float, max_poll_s: float | None = None,
                started: float | None = None) -> Any:

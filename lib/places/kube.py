@@ -43,7 +43,7 @@ import lib.places.manifests as manifests  # the renderers themselves, not lib.pl
 import lib.places.stream as stream
 from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              saved_model_config)
-from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE,
+from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
 from lib.places.kube_pods import (exit_code, is_finished, is_ready, node_facts,
@@ -411,6 +411,8 @@ class KubePlace(Place):
             why = "not ready within the timeout: the pods' logs are kept"
         add(gate("server ready", ready, {pod: phase_of(s) for pod, s in statuses.items()},
                  {"leader": "Ready (GET /health)"}, why, evidence))
+        if not ready and any(logs.values()):
+            add(first_rank_gate(dict(zip(evidence, logs.values())), gpus, evidence))
         if ready:
             server.backend_gates = serve_gates(
                 spec.engine, logs[server.pods[0]], logs, backend=spec.backend,

@@ -58,8 +58,8 @@ from lib.engines.transport import unset_vars
 from lib.engines.base import EngineSpec
 import lib.places.batch as batch  # the module, not the package (no cycle through it)
 from lib.places.base import ClusterServer, ServeSpec, saved_model_config
-from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, gate_adder,
-                                pinned_model, serve_gates, wait_until)
+from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, first_rank_gate,
+                                gate_adder, pinned_model, serve_gates, wait_until)
 
 CONFIG_TIMEOUT_S = 300.0  # a step that reads the served model's config on node 0
 ANSWER_TIMEOUT_S = 5.0  # is a stopped server's port still answering?
@@ -339,9 +339,13 @@ class SlurmServing:
             add(engine.wait_ready(stage, server, spec.timeout_s))
         finally:
             server.proc = None  # its processes are on a node: none of them is read here
+        gpus_per_node = server.gpus // max(len(server.nodes), 1)
+        if engine.expert_parallel and not server.ready:
+            logs = {stage.rel(path): self.door.read_text(path) or "" for path in server.logs}
+            if any(logs.values()):
+                add(first_rank_gate(logs, gpus_per_node, list(logs)))
         if not engine.expert_parallel or not server.ready:
             return
-        gpus_per_node = server.gpus // max(len(server.nodes), 1)
         leader = self._settled_log(server, engine, gpus_per_node, started, spec.timeout_s)
         logs = {stage.rel(server.log_path): leader}
         for path in server.logs[1:]:

@@ -1,6 +1,13 @@
 """Record the guide on the kube place against the test cluster, as a committed run.
 
     .venv/bin/python -m tests.record_kube_run kube-ctlplane-YYYYMMDD
+    .venv/bin/python -m tests.record_kube_run kube-ctlplane-sglang-YYYYMMDD sglang
+    .venv/bin/python -m tests.record_kube_run kube-ctlplane-trtllm-YYYYMMDD trtllm
+
+With an engine other than vLLM, 04 and 05 only (06's levers are vLLM's), the engine's pods
+logging what tests/compose.py composed from SGLang 0.5.19's formats, or the public
+reproduction's recorded TensorRT-LLM 0.21.0 serve (its leader's mpirun output; the worker's
+sshd line composed).
 
 The control plane is real (tests/kubeplane.py: kube-apiserver, scheduler, controllers 1.20.2 on
 127.0.0.1); the nodes are simulated by the kubelet double with outputs recorded on real hardware
@@ -39,6 +46,27 @@ PARAMS = {
 }
 
 
+TRTLLM_RECORDED = (compose.FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
+                   / "trtllm" / "provider_evidence.log")
+ENGINE_STAGES = ["04_serve", "05_sweep"]
+
+
+def script_engine(env: KubeEnv, logs: Path, engine: str) -> None:
+    """An engine's StatefulSet and its AIPerf Jobs (SGLang or TensorRT-LLM)."""
+    p = registry.resolve("04_serve", {"context": "kube", "engine": engine})
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    if engine == "sglang":
+        pods = compose.compose_sglang_pods(logs / engine)
+    else:
+        worker = logs / engine / "composed-trtllm-worker-sshd.log"
+        worker.parent.mkdir(parents=True, exist_ok=True)
+        worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
+        pods = [TRTLLM_RECORDED, worker]
+    env.serve(engine, pods, model=p["model"], revision=p["model_revision"], config=config)
+    env.aiperf_jobs([f"aiperf-{engine}-c{c}-r1" for c in LEVELS],
+                    [f"concurrency_{c}" for c in LEVELS])
+
+
 def script_the_cluster(env: KubeEnv, logs: Path) -> None:
     """What every pod of the run answers."""
     env.probes()
@@ -62,17 +90,30 @@ LEVEL = ("control plane real (kube-apiserver, scheduler and controllers 1.20.2 o
          "them: not a measurement of any cluster")
 
 
+ENGINE_LEVEL = ("control plane real (kube-apiserver, scheduler and controllers 1.20.2 on "
+                "127.0.0.1), nodes simulated (a kubelet double), the engine's pod logs composed "
+                "from its source's formats (SGLang) or recorded by the public reproduction "
+                "(TensorRT-LLM), AIPerf's exports recorded: not a measurement of any cluster, "
+                "nor of the engine")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) not in (1, 2) or (argv[1:] and argv[1] not in ("sglang", "trtllm")):
         print(__doc__, file=sys.stderr)
         return 2
-    run_id = argv[0]
-    registry.check_run_request("kube", run_id, STAGES, PARAMS)
-    os.environ[LEVEL_ENV] = LEVEL  # run.json says what was real
+    run_id, engine = argv[0], (argv[1] if argv[1:] else "vllm")
+    stages, params = (STAGES, PARAMS) if engine == "vllm" else (
+        ENGINE_STAGES, {**{k: v for k, v in PARAMS.items()
+                           if k not in ("test_ep_tokens", "ab_repeats")}, "engine": engine})
+    registry.check_run_request("kube", run_id, stages, params)
+    os.environ[LEVEL_ENV] = LEVEL if engine == "vllm" else ENGINE_LEVEL  # what was real
     with tempfile.TemporaryDirectory(prefix="kube-run-") as work:
         with KubeEnv(Path(work)) as env:
-            script_the_cluster(env, Path(work) / "composed")
-            run_dir, rc = runner.run_guide("kube", run_id, PARAMS, STAGES)
+            if engine == "vllm":
+                script_the_cluster(env, Path(work) / "composed")
+            else:
+                script_engine(env, Path(work) / "composed", engine)
+            run_dir, rc = runner.run_guide("kube", run_id, params, stages)
             left = env.objects_left()
     print(f"run {run_dir.name}: exit {rc}; objects left in the cluster: {left or 'none'}")
     return rc

@@ -4,6 +4,7 @@ figures of the public reproduction checked against their sources."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,9 +164,11 @@ def test_the_committed_runs_fill_the_cells_of_the_places_they_ran_on():
         params = run.path / "04_serve" / "params.json"
         if not params.exists() or run.stages["04_serve"] not in ("PASS", "FAIL"):
             continue
-        engine = json.loads(params.read_text()).get("engine") or "transformers"
+        given = json.loads(params.read_text())
+        engine = given.get("engine") or "transformers"
+        context = given.get("plan_for") if run.context == "plan" else run.context
         place = {"kube": "Kubernetes", "slurm": "Slurm"}.get(
-            run.context, "one GPU host" if "H200" in run.hardware else "one CPU host")
+            context, "one GPU host" if "H200" in run.hardware else "one CPU host")
         served.setdefault((engines.ENGINES[engine].title, place), []).append(run.run_id)
     assert served, "no committed run served"
     table = coverage.coverage_table(runs).set_index("engine / lane")
@@ -176,9 +179,13 @@ def test_the_committed_runs_fill_the_cells_of_the_places_they_ran_on():
             if not ran:
                 assert said == coverage.NOT_RUN, (engine.title, place)
                 continue
-            assert f" {len(ran)} run" in said and link(ran[-1]) in said, (engine.title, place)
+            counted = sum(int(n) for n in re.findall(r"(\d+) runs?,", said))  # every level's
+            assert counted == len(ran) and link(ran[-1]) in said, (engine.title, place, said)
     assert table.loc["vLLM", "Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
     assert table.loc["vLLM", "one GPU host"].startswith("**measured**")
+    for engine in ("SGLang", "TensorRT-LLM"):  # recorded on the plane, and planned for Slurm
+        assert table.loc[engine, "Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
+        assert table.loc[engine, "Slurm"].startswith(f"**{coverage.RENDERED}**")
 
 
 # ---- the page --------------------------------------------------------------------------------

@@ -399,32 +399,45 @@ def test_05_aiperf_runs_as_a_job_beside_the_serve_and_its_files_come_back(env, t
     replay.finish()
 
 
-def test_05_sweeps_sglang_through_the_same_aiperf_job_and_reader(env, tmp_path):
-    """04 then 05 with engine sglang on kube: the SGLang StatefulSet (logs composed from its
-    0.5.19 source's formats), AIPerf as a Job per cell against its leader's Service with
-    ignore_eos (SGLang takes it, entrypoints/openai/protocol.py), the same reader and gates;
-    no /metrics counter gate (that one reads vLLM's own counter)."""
+def engine_pods(engine: str, logs: Path) -> list[Path]:
+    """The pods' logs of an engine's serve: SGLang's composed, TensorRT-LLM's recorded leader
+    (R's mpirun output) and its worker's sshd line (composed)."""
+    if engine == "sglang":
+        return compose.compose_sglang_pods(logs)
+    worker = logs / "composed-trtllm-worker-sshd.log"
+    worker.parent.mkdir(parents=True, exist_ok=True)
+    worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
+    return [TRTLLM_RECORDED, worker]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_05_sweeps_the_engine_through_the_same_aiperf_job_and_reader(engine, env, tmp_path):
+    """04 then 05 with engine sglang or trtllm on kube: the engine's StatefulSet, AIPerf as a
+    Job per cell against its leader's Service with ignore_eos (SGLang takes it,
+    entrypoints/openai/protocol.py), the same reader and gates; no /metrics counter gate (that
+    one reads vLLM's own counter)."""
     from lib.stages import sweep as sweep_stage
 
-    serve_pods(env, tmp_path, "sglang", compose.compose_sglang_pods(tmp_path / "logs"))
-    env.aiperf_jobs([f"aiperf-sglang-c{c}-r1" for c in (1, 2, 4)],
+    serve_pods(env, tmp_path, engine, engine_pods(engine, tmp_path / "logs"))
+    env.aiperf_jobs([f"aiperf-{engine}-c{c}-r1" for c in (1, 2, 4)],
                     [f"concurrency_{c}" for c in (1, 2, 4)])
     run = tmp_path / "run"
-    s04 = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, engine="sglang")
+    s04 = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, engine=engine)
     serve_stage.run(s04)
     s04.finish()
-    stage = env.stage("05_sweep", run, engine="sglang", **SWEEP)
+    stage = env.stage("05_sweep", run, engine=engine, **SWEEP)
     data = sweep_stage.run(stage)
     stage.finish()
     got = statuses(stage)
     assert {n: s for n, s in got.items() if s == "FAIL"} == {}, \
         [(g.gate, g.reason) for g in stage.gates if g.status == "FAIL"]
-    assert got["aiperf sglang c4 repeat 1: AIPerf exit 0"] == "PASS"
+    assert got[f"aiperf {engine} c4 repeat 1: AIPerf exit 0"] == "PASS"
     assert not any("counted the generated tokens" in n for n in got)
     assert list(data["summary"]["requests_completed"]) == [40] * 3
-    job = (run / "05_sweep" / "manifests" / "aiperf-sglang-c4-r1.yaml").read_text()
-    assert "ignore_eos" in job and "sglang-http" in job
-    assert data["title"].startswith("SGLang, deepep_v2, EP over 16 GPUs")
+    job = (run / "05_sweep" / "manifests" / f"aiperf-{engine}-c4-r1.yaml").read_text()
+    assert "ignore_eos" in job and f"{engine}-http" in job
+    title = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}[engine]
+    assert data["title"].startswith(f"{title}, deepep_v2, EP over 16 GPUs")
     assert env.objects_left() == []
 
 

@@ -124,13 +124,21 @@ def kernel_of(run_dir: Path) -> str:
 
 
 def serving_of(run_dir: Path) -> str:
-    served = run_dir / "04_serve" / "vllm_serve.json"
-    if served.exists():
-        info = evidence.read_json(served)
-        return f"vLLM, {info.get('backend', '?')}"
-    if (run_dir / "04_serve" / "gates.json").exists():
+    """What 04 served: '<engine's title>, <backend>' for an expert-parallel engine (from its
+    `<engine>_serve.json`, else, in a plan, from its parameters), or transformers serve."""
+    from lib.engines import catalog as engines  # the engines' titles (one list)
+
+    stage = run_dir / "04_serve"
+    if not (stage / "gates.json").exists():
+        return ""
+    params = evidence.read_json(stage / "params.json") if (stage / "params.json").exists() else {}
+    name = params.get("engine") or ("vllm" if (stage / "vllm_serve.json").exists()
+                                    else "transformers")
+    if name == "transformers":
         return "transformers serve (tiny model)"
-    return ""
+    served = stage / f"{name}_serve.json"
+    info = evidence.read_json(served) if served.exists() else {}
+    return f"{engines.engine(name).title}, {info.get('backend') or params.get('all2all_backend', '?')}"
 
 
 def why_not_results(run_dir: Path, record: dict) -> str:

@@ -138,8 +138,9 @@ def test_05_sweeps_through_aiperf_as_a_step_beside_the_engine(engine, nodes, hub
                                                               tmp_path, monkeypatch):
     """04 then 05: the engine's steps, then real AIPerf as a step of the same kind of
     allocation on node 0 against node 0's address, streaming, its tokenizer the pinned
-    revision's from the engine's cache (HF_HOME, --tokenizer-revision); every cell measured by
-    the same reader and gates; the serve's logs gated again; nothing left."""
+    revision's from the engine's cache alone (HF_HOME, --tokenizer-revision, HF_HUB_OFFLINE);
+    every cell measured by the same reader and gates; the serve's logs gated again; nothing
+    left."""
     if engine == "sglang":
         stand_in(monkeypatch, SglangEngine,
                  compose.compose_sglang_pods(tmp_path / "logs")[0].parent)
@@ -157,6 +158,7 @@ def test_05_sweeps_through_aiperf_as_a_step_beside_the_engine(engine, nodes, hub
     aiperf = [c for c in _calls(run_dir, "05_sweep") if c[0] == "srun"]
     assert len(aiperf) == 1 and all("--tokenizer-revision" in a for a in aiperf)
     assert all(any(a.startswith("HF_HOME=") for a in argv) for argv in aiperf)
+    assert all("HF_HUB_OFFLINE=1" in argv for argv in aiperf)  # the cache alone, never the hub
     assert '{"ignore_eos": true}' in aiperf[0]
     pids = [e["pid"] for e in read_transcript(run_dir / "transcript.jsonl")
             if e["stage"] == "05_sweep" and e["kind"] == "start"]

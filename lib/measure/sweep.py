@@ -45,6 +45,10 @@ ENGINES_WITH_IGNORE_EOS = ("vllm", "sglang", "trtllm")
 # AIPerf treats a local tokenizer path as a hub id when either variable is set, to any value;
 # a notebook kernel may carry them from the serving side, and the door's env can only add keys.
 UNSET_OFFLINE = ["env", "-u", "HF_HUB_OFFLINE", "-u", "TRANSFORMERS_OFFLINE"]
+# A hub id at a pinned commit is read from the engine's cache alone: asking the dead hub first
+# cost 48 s of retries per tokenizer load (measured here: AutoTokenizer.from_pretrained of the
+# pinned model, HF_ENDPOINT dead, 48.2 s; with HF_HUB_OFFLINE=1, 1.6 s)
+CACHE_ONLY = ["env", "-u", "TRANSFORMERS_OFFLINE", "HF_HUB_OFFLINE=1"]
 
 
 # ---- argv and env --------------------------------------------------------------------------------
@@ -68,7 +72,7 @@ def aiperf_argv(*, engine: str, model_dir: str | Path, url: str, concurrency: in
     warmup = ["--warmup-request-count", str(warmup_requests)] if warmup_requests else []
     revision = ["--tokenizer-revision", tokenizer_revision] if tokenizer_revision else []
     argv = [
-        *UNSET_OFFLINE, str(aiperf), "profile",
+        *(CACHE_ONLY if tokenizer_revision else UNSET_OFFLINE), str(aiperf), "profile",
         "--model", str(model_dir), "--tokenizer", str(model_dir), *revision,
         "--url", url, "--endpoint-type", "chat", "--streaming",
         "--concurrency", str(concurrency), "--request-count", str(request_count), *warmup,

@@ -622,6 +622,21 @@ def _first_dispatch_death(ranks: list[int], dead_rank: int, per_node: int, ts: s
     return out
 
 
+# --- TensorRT-LLM's pods -------------------------------------------------------------------------
+# The public reproduction's recorded TensorRT-LLM 0.21.0 serve: its leader's mpirun output of all
+# 16 ranks (provider_evidence.log)
+TRTLLM_RECORDED = (FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
+                   / "trtllm" / "provider_evidence.log")
+
+
+def compose_trtllm_pods(dest: Path) -> list[Path]:
+    """TensorRT-LLM's two pods on kube: the leader's recorded log (TRTLLM_RECORDED, as it is) and
+    the worker's, composed: its sshd's one line (OpenSSH's "Server listening on ..." with -e)."""
+    worker = _write(dest, f"{PREFIX}trtllm-worker-sshd.log",
+                    "Server listening on 0.0.0.0 port 2222.\n")
+    return [TRTLLM_RECORDED, worker]
+
+
 # --- node probes --------------------------------------------------------------------------------
 ProbeFormatter = Callable[[Mapping[str, Any]], str]
 # p5en's EFA devices as rdma-core names them ("rdmap<PCI bus, decimal>s<slot>"), from the NIC

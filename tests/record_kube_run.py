@@ -46,8 +46,6 @@ PARAMS = {
 }
 
 
-TRTLLM_RECORDED = (compose.FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
-                   / "trtllm" / "provider_evidence.log")
 ENGINE_STAGES = ["04_serve", "05_sweep"]
 
 
@@ -58,10 +56,7 @@ def script_engine(env: KubeEnv, logs: Path, engine: str) -> None:
     if engine == "sglang":
         pods = compose.compose_sglang_pods(logs / engine)
     else:
-        worker = logs / engine / "composed-trtllm-worker-sshd.log"
-        worker.parent.mkdir(parents=True, exist_ok=True)
-        worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
-        pods = [TRTLLM_RECORDED, worker]
+        pods = compose.compose_trtllm_pods(logs / engine)
     env.serve(engine, pods, model=p["model"], revision=p["model_revision"], config=config)
     env.aiperf_jobs([f"aiperf-{engine}-c{c}-r1" for c in LEVELS],
                     [f"concurrency_{c}" for c in LEVELS])

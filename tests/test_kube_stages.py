@@ -267,8 +267,7 @@ def test_04_sglang_serves_as_the_same_statefulset_and_its_logs_are_gated(env, tm
                     "sglang_elastic_buffer_per_rank", "rank(s) 11 of 16")
 
 
-TRTLLM_RECORDED = (compose.FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
-                   / "trtllm" / "provider_evidence.log")
+TRTLLM_RECORDED = compose.TRTLLM_RECORDED
 
 
 def test_04_trtllm_leader_s_recorded_log_is_gated_and_a_missing_rank_fails(env, tmp_path):
@@ -276,10 +275,9 @@ def test_04_trtllm_leader_s_recorded_log_is_gated_and_a_missing_rank_fails(env, 
     what R's TensorRT-LLM 0.21.0 serve logged on 2x p5en (its committed provider_evidence.log),
     the worker pod its sshd's one line (OpenSSH's "Server listening on ..." with -e, composed);
     every gate PASSes. The same log without rank 7's line FAILs naming rank 7."""
-    worker = tmp_path / "logs" / "composed-trtllm-worker-sshd.log"
-    worker.parent.mkdir(parents=True)
-    worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
-    serve_pods(env, tmp_path, "trtllm", [TRTLLM_RECORDED, worker])
+    pods = compose.compose_trtllm_pods(tmp_path / "logs")
+    worker = pods[1]
+    serve_pods(env, tmp_path, "trtllm", pods)
     got = assert_every_gate_passes(run_04(env, tmp_path / "run", "trtllm"))
     assert {"trtllm_alltoall_method_deepep", "trtllm_deepep_rank_per_rank",
             "efa_provider_per_rank", "trtllm_no_executor_error"} <= set(got)
@@ -404,10 +402,7 @@ def engine_pods(engine: str, logs: Path) -> list[Path]:
     (R's mpirun output) and its worker's sshd line (composed)."""
     if engine == "sglang":
         return compose.compose_sglang_pods(logs)
-    worker = logs / "composed-trtllm-worker-sshd.log"
-    worker.parent.mkdir(parents=True, exist_ok=True)
-    worker.write_text("Server listening on 0.0.0.0 port 2222.\n")
-    return [TRTLLM_RECORDED, worker]
+    return compose.compose_trtllm_pods(logs)
 
 
 @pytest.mark.parametrize("engine", ["sglang", "trtllm"])

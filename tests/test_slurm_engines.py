@@ -31,8 +31,7 @@ from tests.test_slurm_place import (VENV, _calls, assert_nothing_left, gres_clus
 
 DOUBLE = REPO_ROOT / "tests" / "engine_double.py"
 PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
-TRTLLM_RECORDED = (compose.FIXTURES / "public-repro" / "results" / "trtllm-deepep-dropin-20260707"
-                   / "trtllm" / "provider_evidence.log")
+TRTLLM_RECORDED = compose.TRTLLM_RECORDED
 SWEEP = {"concurrency": "1", "repeats": 1, "request_count": 4, "requests_per_slot": 0,
          "warmup_requests": 1, "warmup_full_batch": False, "input_tokens": 16,
          "output_tokens": 8}

@@ -342,7 +342,7 @@ UNMEASURED_LEVEL_WORDS = ("simulated", "not a measurement")
 def _refuse_unmeasured(run_dir: Path) -> None:
     record = run_dir / "run.json"
     level = json.loads(record.read_text()).get("level", "") if record.is_file() else ""
-    if any(word in level for word in UNMEASURED_LEVEL_WORDS):
+    if not is_measurement(level):
         raise ValueError(f"{run_dir}: not a measurement of any hardware (run.json level: "
                          f"{level!r}); a bound is fitted and checked on measured runs only")
 
@@ -430,15 +430,37 @@ def _rows(figure: str, shape: Shape, instance: str, measured: Mapping[str, float
 def _guide_rows(entry: Mapping, fitted_runs: set[str], links_path) -> list[dict]:
     rows = []
     for case in guide_cases(entry["run"]):
-        shape = shape_of_case(case, mode=entry.get("mode", "hybrid"))
+        shape = shape_of_case(case, nodes=entry.get("nodes", 1),
+                              mode=entry.get("mode", "hybrid"))
         measured = {p: case["phases_us"][p]["p50"] for p in PHASES}
         measured["dc"] = case["dc_p50_us"]
-        common = {"kind": "guide run", "fitted_on": entry["run"] in fitted_runs,
+        fitted = Path(entry["run"]).name in {Path(run).name for run in fitted_runs}
+        common = {"kind": "guide run", "fitted_on": fitted,
                   "source": f"{entry['run']} ({Path(case['log']).name}, test_ep p50 over "
                             f"{case['num_ranks']} ranks)", "date": entry["date"],
                   "note": entry["what"]}
-        rows += _rows(f"{entry['run'].split('/')[-1]} {shape.tokens} tokens", shape,
+        rows += _rows(f"{Path(entry['run']).name} {shape.tokens} tokens", shape,
                       entry["instance"], measured, common, links_path)
+    return rows
+
+
+def run_rows(run_dir: str | Path, instance: str, date: str, what: str, nodes: int = 1,
+             links_path: str | Path = LINKS_PATH) -> list[dict]:
+    """A committed run's test_ep first cases (every token count it recorded) beside their
+    bounds: checked_table's rows for one run, 'fitted_on' saying whether links.yaml fitted the
+    NVLink latency on it. ValueError for a run whose level says it measured nothing."""
+    fitted_runs = {run for entry in load_links(links_path)["nvlink"].values()
+                   for run in entry.get("fit_runs", [])}
+    return _guide_rows({"run": str(run_dir), "instance": instance, "date": date, "what": what,
+                        "nodes": nodes}, fitted_runs, links_path)
+
+
+def cited_rows(cited_path: str | Path = CITED_PATH,
+               links_path: str | Path = LINKS_PATH) -> list[dict]:
+    """checked_table's rows of the figures others measured (cited_figures.yaml `cited`)."""
+    rows: list[dict] = []
+    for entry in load_cited(cited_path)["cited"]:
+        rows += _cited_rows(entry, links_path)
     return rows
 
 
@@ -469,6 +491,65 @@ def checked_table(cited_path: str | Path = CITED_PATH,
     for entry in cited["cited"]:
         rows += _cited_rows(entry, links_path)
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+
+
+# ---- the bound at a stage's shape and place (03's table, plan's prediction, the book) ---------
+def local_instance(links_path: str | Path = LINKS_PATH) -> str:
+    """The instance links.yaml bounds a local-context run with (`local_machine`)."""
+    links = load_links(links_path)
+    name = links.get("local_machine")
+    if name not in links["instances"]:
+        raise ValueError(f"{links_path}: local_machine {name!r} is not one of its instances")
+    return name
+
+
+def is_measurement(level: str | None) -> bool:
+    """False for a run whose level says its figures measured no hardware (simulated nodes
+    replaying others' logs): a figure beside a bound must be a measurement of that place."""
+    return not any(word in (level or "") for word in UNMEASURED_LEVEL_WORDS)
+
+
+def tokens_bounds(token_counts: Sequence[int], *, hidden: int, topk: int, experts: int,
+                  ranks_per_node: int, nodes: int, instance: str, dispatch_dtype: str = "fp8",
+                  mode: str = "hybrid", links_path: str | Path = LINKS_PATH) -> dict[str, Any]:
+    """The bound at each token count of one place: per phase, D+C and the bottleneck, with the
+    place (EP, instance, mode) and the link sources said. ParameterError for a shape or place
+    the model refuses (experts not divisible by the ranks, more ranks than the instance has)."""
+    rows, answer = [], None
+    for tokens in token_counts:
+        shape = make_shape(tokens=tokens, hidden=hidden, topk=topk, experts=experts,
+                           ranks_per_node=ranks_per_node, nodes=nodes,
+                           dispatch_dtype=dispatch_dtype, mode=mode)
+        answer = bound(shape, instance, links_path=links_path)
+        phases = answer["phases"]
+        rows.append({"tokens": tokens, "dispatch bound (us)": phases["dispatch"]["bound_us"],
+                     "combine bound (us)": phases["combine"]["bound_us"],
+                     "D+C bound (us)": answer["dc_bound_us"],
+                     "bottleneck D / C": " / ".join(phases[p]["bottleneck"] for p in PHASES)})
+    if answer is None:
+        raise ParameterError("token_counts", list(token_counts), "one or more token counts")
+    fitted = [run for entry in load_links(links_path)["nvlink"].values()
+              for run in entry.get("fit_runs", [])]
+    return {"instance": instance, "ep": ranks_per_node * nodes, "nodes": nodes,
+            "ranks_per_node": ranks_per_node, "mode": mode, "routing": answer["routing"],
+            "dispatch_dtype": dispatch_dtype, "rows": rows, "fitted_on": fitted,
+            "sources": _source_lines(answer["figures"], nodes > 1)}
+
+
+def describe_place(bounds_at: Mapping) -> str:
+    """One line naming the place and shape a tokens_bounds answer is for."""
+    nodes = bounds_at["nodes"]
+    where = (f"{nodes} nodes x {bounds_at['ranks_per_node']} GPUs" if nodes > 1
+             else f"{bounds_at['ranks_per_node']} GPUs of one node")
+    return (f"EP {bounds_at['ep']} ({where}, {bounds_at['instance']}), {bounds_at['mode']} mode, "
+            f"{bounds_at['dispatch_dtype']} dispatch / bf16 combine, {bounds_at['routing']}")
+
+
+def ratio(measured: float | None, bound_us: float | None) -> float | None:
+    """measured / bound (>= 1 where the bound holds); None when either is missing."""
+    if measured is None or bound_us is None or bound_us <= 0:
+        return None
+    return float(measured) / float(bound_us)
 
 
 # ---- the command line ----------------------------------------------------------------------------

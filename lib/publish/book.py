@@ -53,6 +53,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     write = lambda name, text: (book / name).write_text(text, encoding="utf-8")  # noqa: E731
     write("intro.md", pages.landing_page((book / "intro.md").read_text(encoding="utf-8"), ev))
     write("results.md", pages.results_page(ev, book / "figures"))
+    write("bounds.md", pages.bounds_page(ev))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
     write("coverage.md", coverage.coverage_page(runs, list(cited.CLAIMS)))
     write("history.md", pages.history_page(runs))

@@ -193,6 +193,7 @@ def results_page(ev: Evidence, figures_dir: Path) -> str:
     out += works_section(ev)
     out += fast_section(ev, figures_dir)
     out += beats_section(ev, figures_dir)
+    out += bounds_section(ev, figures_dir)
     return "\n".join(out)
 
 
@@ -572,3 +573,82 @@ def parameters_page() -> str:
             "`tests/test_params_hostile.py` puts the same values through every notebook's first "
             "cell and checks that `results/` is unchanged after.\n\n"
             + _md_table(pd.DataFrame(parameter_bounds_table())))
+
+
+# --- how close to the wire: each figure beside its transfer bound (lib.measure.bounds) -------
+
+BOUNDS_PROSE = Path(__file__).resolve().parents[1] / "measure" / "BOUNDS.md"
+PHASE_SAID = {"dispatch": "dispatch", "combine": "combine", "dc": "D+C"}
+
+
+def _bound_evidence(row, ev: Evidence, notes: Notes) -> str:
+    if row.kind != "guide run":
+        return f"cited ({row.date}): {notes.said(row.source)}"
+    fitted = "; its latency fit" if row.fitted_on else ""
+    return f"{run_link(row.run)}; {by_id(ev.runs)[row.run].level}, {row.date}{fitted}"
+
+
+def bounds_table(table: pd.DataFrame, ev: Evidence, notes: Notes) -> pd.DataFrame:
+    """One row per figure and phase: its place, the bound beside the measured figure, the
+    ratio, and its evidence (the run, or the cited source in `notes`), seven columns wide."""
+    return pd.DataFrame({
+        "figure": table["figure"],
+        "place": [f"EP {n * r}, {n} x {i}, {d} dispatch" for n, r, i, d in zip(
+            table["nodes"], table["ranks_per_node"], table["instance"], table["dispatch_dtype"])],
+        "tokens": table["tokens"],
+        "phase": table["phase"].map(PHASE_SAID),
+        "bound / measured (us)": [f"{b:.1f} / {m:.1f}" for b, m in
+                                  zip(table["bound_us"], table["measured_us"])],
+        "measured / bound": [f"{r:.2f}" for r in table["ratio"]],
+        "evidence": [_bound_evidence(row, ev, notes) for row in table.itertuples()]})
+
+
+def bounds_section(ev: Evidence, figures_dir: Path) -> list[str]:
+    """The results page's section: every figure (the guide's test_ep runs, read from their
+    logs now, and every cited one) beside its transfer bound, with the plot across tokens."""
+    table = figures.bound_rows(ev.runs)
+    lines, points = figures.bound_lines(figures._dc_points(table))
+    plots.bounds_plot(lines, points, figures_dir)
+    notes = Notes()
+    out = ["(wire)=", "## 4. How close to the wire?\n",
+           "Each all-to-all figure beside its transfer bound (`lib.measure.bounds`): the busiest "
+           "rank's bytes over each link at that link's bandwidth, plus NVLink's fixed cost fitted "
+           "on the guide's own run; link figures and their sources in `lib/measure/links.yaml`. "
+           "The bound is computed, **a bound, not a measurement**; measured / bound is 1 at the "
+           "wire. The guide's rows are read from the committed runs' test_ep logs when this book "
+           "is built, the cited ones from `lib/measure/cited_figures.yaml`. What the bound leaves "
+           "out, with these ratios as the evidence: [the transfer bound](bounds.md).\n",
+           "![measured D+C against the transfer bound across tokens, EP 2 to 64]"
+           "(figures/bounds.png)\n",
+           f"Solid lines: the bound on {figures.cluster_shape()['instance']} at EP "
+           + ", ".join(str(ep) for ep in figures.BOUND_EPS) + " (test_ep's shape, FP8 dispatch, "
+           "uniform routing); dashed: the other places a figure was measured at. Data: "
+           "[bounds.csv](figures/bounds.csv).\n",
+           _md_table(bounds_table(table, ev, notes)), notes.markdown()]
+    return out
+
+
+def bounds_page(ev: Evidence, table: pd.DataFrame | None = None) -> str:
+    """lib/measure/BOUNDS.md as a book page, its checked-against table computed now (the
+    guide's committed test_ep runs and every cited figure beside their bounds, or `table`, as
+    figures.bound_rows gives it), not typed."""
+    prose = BOUNDS_PROSE.read_text(encoding="utf-8")
+    start, end = "## Checked against what was measured", "## What the model leaves out"
+    head, rest = prose.split(start, 1)
+    _, tail = rest.split(end, 1)
+    table = figures.bound_rows(ev.runs) if table is None else table
+    notes = Notes()
+    checked = table[~table["fitted_on"].astype(bool)]  # the fit's own rows touch 1 by design
+    least, most = checked.loc[checked["ratio"].idxmin()], checked.loc[checked["ratio"].idxmax()]
+    computed = (f"{start}\n\nComputed when this book was built, from the same rows as the "
+                "{ref}`results page <wire>`. Ratio = measured / bound, over the rows not fitted "
+                f"on: from {least['ratio']:.2f} ({least['figure']}, "
+                f"{PHASE_SAID[least['phase']]}, {least['run'] or 'cited'}) to "
+                f"{most['ratio']:.2f} ({most['figure']}, {PHASE_SAID[most['phase']]}); "
+                "the rows marked 'its latency fit' are of the run NVLink's fixed cost was fitted "
+                "on (its lower envelope, so one of them is 1.00 by construction); "
+                + ("every ratio is at least 1, so the bound held for every figure."
+                   if (table["ratio"] >= 1).all() else
+                   f"**{int((table['ratio'] < 1).sum())} below 1: the bound failed there.**")
+                + "\n\n" + _md_table(bounds_table(table, ev, notes)) + notes.markdown() + "\n")
+    return head + computed + end + tail

@@ -133,3 +133,34 @@ def lever_plot(ratios: pd.DataFrame, out: Path) -> Path:
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, ratios.assign(each_round=ratios["each_round"].map(
         lambda v: " ".join(f"{x:.4f}" for x in v))), out, "levers")
+
+
+def bounds_plot(lines: pd.DataFrame, points: pd.DataFrame, out: Path) -> Path:
+    """Measured D+C against the transfer bound across tokens: a line per place (solid: the
+    cluster's instance at EP 8 to 64; dashed: another place a figure was measured at), each
+    point in its place's colour (circles: the guide's runs; stars: cited)."""
+    fig, ax = plt.subplots(figsize=(7.8, 5.0))
+    colours = {}
+    for i, (line, rows) in enumerate(lines.groupby("line", sort=False)):
+        rows = rows.sort_values("tokens")
+        drawn = ax.plot(rows["tokens"], rows["bound_us"], color=f"C{i % 10}",
+                        linestyle="-" if rows["cluster"].iloc[0] else "--",
+                        label=f"bound, {line}")[0]
+        colours[line] = drawn.get_color()
+    for (line, kind), rows in points.groupby(["line", "kind"], sort=False):
+        guide = kind == "guide run"
+        ax.scatter(rows["tokens"], rows["measured_us"], color=colours[line],
+                   marker="o" if guide else "*", s=36 if guide else 110, zorder=5,
+                   edgecolors="black", linewidths=0.4,
+                   label=f"measured, {line} ({'the guide' if guide else 'cited'})")
+    ax.set(xscale="log", yscale="log", xlabel="tokens per rank",
+           ylabel="dispatch + combine (us)",
+           title="How close to the wire: measured D+C against its transfer bound "
+                 "(lib.measure.bounds)")
+    ax.title.set_fontsize(9)
+    _plain_ticks(ax.xaxis, lines["tokens"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
+    data = pd.concat([lines.assign(series="bound"),
+                      points.assign(series="measured")], ignore_index=True)
+    return _save(fig, data, out, "bounds")

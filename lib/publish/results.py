@@ -8,13 +8,14 @@ the number is absent, and the page says "not measured" with the reason.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from lib.core import evidence
 from lib.engines import vllm_logs
-from lib.measure import published
+from lib.measure import bounds, published
 from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
 from lib.publish.catalog import Run
 
@@ -151,3 +152,98 @@ def not_measured_reason(stage_dir: Path, arm: str) -> str:
         return "no paired round completed"
     reason = " ".join(evidence.without_terminal_codes(first["reason"]).split())
     return f"{first['gate']}: {reason[:200]}"
+
+
+# ---- how close to the wire: every figure beside its transfer bound (lib.measure.bounds) --------
+BOUND_EPS = (8, 16, 32, 64)  # the plot's bound lines: 1, 2, 4 and 8 nodes of 8 GPUs
+BOUND_COLUMNS = ["figure", "run", "kind", "instance", "nodes", "ranks_per_node", "tokens",
+                 "dispatch_dtype", "phase", "bound_us", "measured_us", "ratio", "fitted_on",
+                 "source", "date", "level"]
+
+
+def cluster_shape() -> dict:
+    """The shape 03 runs test_ep at on a cluster (the registry's plan defaults): the bound
+    lines' shape, instance and token counts."""
+    from lib.stages import registry
+
+    p = registry.resolve("03_kernel_test", {"context": "plan"})
+    return {"hidden": p["hidden"], "topk": p["num_topk"], "experts": p["num_experts"],
+            "tokens": list(p["test_ep_tokens"]), "instance": p["instance_type"],
+            "ranks_per_node": p["gpus_per_node"]}
+
+
+def _run_instance(run: Run) -> tuple[str, int]:
+    params = run.record.get("parameters") or {}
+    return (params.get("instance_type") or bounds.local_instance(), params.get("nodes") or 1)
+
+
+def bound_rows(runs: list[Run]) -> pd.DataFrame:
+    """Every figure beside its bound, one row per phase measured (dispatch, combine, dc): the
+    guide's own test_ep first cases, read at build time from the logs of every run that may
+    feed results and whose 03 passed with test_ep, then every cited figure
+    (lib/measure/cited_figures.yaml). ratio = measured / bound."""
+    rows = []
+    for run in runs:
+        if not (run.feeds_results and run.stages.get("03_kernel_test") == "PASS"
+                and (run.path / "03_kernel_test" / "test_ep.json").exists()):
+            continue
+        instance, nodes = _run_instance(run)
+        for row in bounds.run_rows(run.path, instance, run.date, f"test_ep on {run.hardware}",
+                                   nodes=nodes):
+            rows.append({**row, "figure": f"test_ep {row['tokens']} tokens", "run": run.run_id,
+                         "level": run.level})
+    for row in bounds.cited_rows():
+        rows.append({**row, "run": "", "level": "cited"})
+    return pd.DataFrame(rows, columns=BOUND_COLUMNS)
+
+
+def _dc_points(table: pd.DataFrame) -> pd.DataFrame:
+    """One D+C point per figure: its dc row, else its dispatch + combine (both measured)."""
+    points = []
+    keys = ["figure", "run", "kind", "instance", "nodes", "ranks_per_node", "tokens",
+            "dispatch_dtype"]
+    for key, rows in table.groupby(keys, sort=False):
+        by_phase = rows.set_index("phase")
+        if "dc" in by_phase.index:
+            measured = by_phase.loc["dc", "measured_us"]
+        elif {"dispatch", "combine"} <= set(by_phase.index):
+            measured = by_phase.loc["dispatch", "measured_us"] + by_phase.loc["combine",
+                                                                            "measured_us"]
+        else:
+            continue
+        points.append({**dict(zip(keys, key)), "measured_us": float(measured)})
+    return pd.DataFrame(points, columns=[*keys, "measured_us"])
+
+
+def _place_label(ep: int, instance: str, nodes: int, dtype: str) -> str:
+    return f"EP {ep}: {nodes} x {instance}" + ("" if dtype == "fp8" else f", {dtype} dispatch")
+
+
+def bound_lines(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The D+C bound across tokens (powers of two from the stage's least test_ep token count to
+    the most of its own and of any point) for EP 8, 16, 32 and 64 on the cluster's instance,
+    and for each other place a point was measured at; and the points, each naming its line."""
+    shape = cluster_shape()
+    most = max([*shape["tokens"], *points["tokens"]]) if len(points) else max(shape["tokens"])
+    grid = [2 ** k for k in range(int(math.log2(min(shape["tokens"]))),
+                                  int(math.ceil(math.log2(most))) + 1)]
+    places = {(shape["ranks_per_node"] * (ep // shape["ranks_per_node"]), shape["instance"],
+               ep // shape["ranks_per_node"], shape["ranks_per_node"], "fp8")
+              for ep in BOUND_EPS}
+    points = points.assign(line=[
+        _place_label(int(p.nodes * p.ranks_per_node), p.instance, int(p.nodes), p.dispatch_dtype)
+        for p in points.itertuples()])
+    for p in points.itertuples():
+        places.add((int(p.nodes * p.ranks_per_node), p.instance, int(p.nodes),
+                    int(p.ranks_per_node), p.dispatch_dtype))
+    lines = []
+    for ep, instance, nodes, per_node, dtype in sorted(places):
+        answer = bounds.tokens_bounds(grid, hidden=shape["hidden"], topk=shape["topk"],
+                                      experts=shape["experts"], ranks_per_node=per_node,
+                                      nodes=nodes, instance=instance, dispatch_dtype=dtype)
+        lines += [{"line": _place_label(ep, instance, nodes, dtype), "ep": ep,
+                   "instance": instance, "cluster": (instance, per_node, dtype) == (
+                       shape["instance"], shape["ranks_per_node"], "fp8"),
+                   "tokens": row["tokens"], "bound_us": row["D+C bound (us)"]}
+                  for row in answer["rows"]]
+    return pd.DataFrame(lines), points

@@ -6,6 +6,10 @@ DeepEP build (``deepep_dir``, with ``nccl_site``) on two or more GPUs, DeepEP's 
 tests/elastic/test_ep.py runs too, through lib.engines.deepep's argv/env contract (the
 cluster's), at each of ``test_ep_tokens``, with the torch benchmark and its NCCL floor at the
 same shape beside it. A place that cannot run ranks says why in one SKIP.
+
+Beside each test_ep D+C stands its transfer bound (lib.measure.bounds) at the stage's shape and
+place, and measured / bound: a column, informational, never a gate. A plan runs nothing and
+shows the bound alone, for the cluster it plans.
 """
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ from pathlib import Path
 
 from lib import places
 from lib.bench import result as bench_result
-from lib.core.evidence import Gate, skip
+from lib.core.errors import ParameterError
+from lib.core.evidence import Gate, read_json, skip
 from lib.core.stage import Stage
 from lib.engines import deepep
-from lib.measure import testep, triage
+from lib.measure import bounds, testep, triage
 from lib.measure.testep import first_case, parse_test_ep_text
 from lib.places import NodeRank, RankJob, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
@@ -28,6 +33,8 @@ CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use
 GPU_HIDDEN = 7168
 TORCHRUN_TIMEOUT_S = 600
 TEST_EP_TIMEOUT_S = 900
+BOUND_COLUMN = "D+C bound (us)"
+RATIO_COLUMN = "test_ep / bound"
 
 
 def bench_config(stage: Stage, gpus: int, num_comms: int | None = None) -> dict:
@@ -121,7 +128,46 @@ def run(stage: Stage) -> dict:
     data = {"result": result, "config": cfg}
     if place.deepep_dir():  # on a GPU machine without a DeepEP build: the torch benchmark only
         data["test_ep"] = run_test_ep_beside_bench(stage, cfg, result)
+        data["bounds"] = transfer_bounds(stage, cfg)
     return data
+
+
+def transfer_bounds(stage: Stage, cfg: dict) -> dict | None:
+    """The transfer bound at each of test_ep's token counts, at the stage's shape (test_ep's
+    first case: FP8 dispatch, BF16 combine) and place: nodes x ranks per node on the instance
+    type's links (lib/measure/links.yaml; a local run: the local machine's NVLink only).
+    Computed, never written as an artifact: test_ep.json holds what was measured, and a
+    recorded run replays against it whatever links.yaml says later.
+
+    None for a run whose level says its figures measured no hardware (simulated nodes replaying
+    logs recorded elsewhere): a ratio there would compare a place with another machine's
+    figures, so none is shown and such a run's outputs stay as recorded. {"why_not": ...} where
+    the model refuses the place (more ranks than its link figures cover)."""
+    record = stage.run_dir / "run.json"
+    level = (read_json(record) or {}).get("level") if record.is_file() else None
+    if not bounds.is_measurement(level):
+        return None
+    instance = stage.params.get("instance_type") or bounds.local_instance()
+    try:
+        return bounds.tokens_bounds(stage["test_ep_tokens"], hidden=cfg["hidden"],
+                                    topk=cfg["num_topk"], experts=cfg["num_experts"],
+                                    ranks_per_node=cfg["nproc"], nodes=stage["nodes"],
+                                    instance=instance)
+    except ParameterError as why:
+        return {"why_not": f"no transfer bound for {stage['nodes']} node(s) x {cfg['nproc']} "
+                           f"ranks on {instance}: {why}"}
+
+
+def beside_bounds(rows: list[dict], bounds_at: dict | None) -> list[dict]:
+    """test_ep.json's rows, each with its D+C bound and test_ep / bound (both None where the
+    place has no bound); the rows as they are for a run that measured no hardware
+    (transfer_bounds None)."""
+    if bounds_at is None:
+        return rows
+    at = {row["tokens"]: row[BOUND_COLUMN] for row in bounds_at.get("rows", [])}
+    return [{**row, BOUND_COLUMN: at.get(row["tokens"]),
+             RATIO_COLUMN: bounds.ratio(row["test_ep D+C p50 (us)"], at.get(row["tokens"]))}
+            for row in rows]
 
 
 def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
@@ -194,9 +240,13 @@ def show(stage: Stage, data: dict):
         import pandas as pd
         from IPython.display import display
 
-        print("DeepEP test_ep (first case: FP8 dispatch, bf16 combine) beside the torch benchmark "
-              "and the bare NCCL floor, per token count:")
-        display(pd.DataFrame(data["test_ep"]).round(1))
+        table = pd.DataFrame(beside_bounds(data["test_ep"], data.get("bounds")))
+        with_bound = " and its transfer bound" if BOUND_COLUMN in table else ""
+        print("DeepEP test_ep (first case: FP8 dispatch, bf16 combine) beside the torch benchmark, "
+              f"the bare NCCL floor{with_bound}, per token count:")
+        display(table.round({c: 2 if c == RATIO_COLUMN else 1 for c in table.columns}))
+        if data.get("bounds"):
+            show_bounds(data["bounds"], table, stage.run_id)
         for row in data["test_ep"]:
             if row["test_ep D+C p50 (us)"] is not None:
                 glue_recorded(stage, f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1))
@@ -209,3 +259,28 @@ def show(stage: Stage, data: dict):
         glue_recorded(stage, "kernel_floor_p50_us", round(floor, 1))
         glue_recorded(stage, "kernel_dc_over_floor", round(dc / floor, 2))
     return table.round(2)
+
+
+def show_bounds(bounds_at: dict, table, run_id: str) -> None:
+    """The bound per phase at the stage's place, what it is (computed, not measured), its link
+    sources, and where test_ep ran how the ratio reads."""
+    import pandas as pd
+    from IPython.display import display
+
+    if "why_not" in bounds_at:
+        print(f"Transfer bound: {bounds_at['why_not']}")
+        return
+    ran = table["test_ep D+C p50 (us)"].notna().any()
+    print(f"Transfer bound (lib.measure.bounds: a bound, not a measurement) for "
+          f"{bounds.describe_place(bounds_at)}, per token count:")
+    display(pd.DataFrame(bounds_at["rows"]).round(1))
+    for line in bounds_at["sources"]:
+        print(line)
+    if bounds_at["fitted_on"]:
+        mine = any(Path(run).name == run_id for run in bounds_at["fitted_on"])
+        print("  NVLink latency fitted on: " + ", ".join(bounds_at["fitted_on"]) + (
+            " (this run: its ratios are not an independent check)" if mine else ""))
+    print("test_ep / bound: how far from the wire test_ep ran (>= 1 where the bound holds; "
+          "informational, never a gate; what the bound leaves out: lib/measure/BOUNDS.md)."
+          if ran else "Nothing ran here: the bound is what 'close to the wire' would be at this "
+          "place, before any GPU hour is spent.")

@@ -22,6 +22,7 @@ from lib.core.params import (COMMIT, Params, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_
                              ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
                              Param, checked, dns_label)
 from lib.engines import catalog
+from lib.engines import megatron
 from lib.engines.model_facts import check_ep_divides
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
@@ -105,6 +106,12 @@ MAX_REQUESTS = 100_000  # measured requests of one cell: 12.8 million tokens out
 MAX_REQUESTS_PER_SLOT = MAX_REQUESTS // MAX_CONCURRENCY
 MAX_REPEATS = 100  # repeats of a cell or of an A/B arm (3 and 5 by default)
 MAX_SEQUENCE_TOKENS = 131072  # Qwen3-30B-A3B's context with YaRN (32768 native)
+# 07 training: a short run of a small model, each bound said with why
+MAX_TRAIN_STEPS = 1000  # a few steps prove the path; a thousand is a real run's first hour
+MAX_TRAIN_HIDDEN = 8192  # above Qwen3-235B-A22B's 4096 and the public gate's 2048
+MAX_TRAIN_VOCAB = 262144  # Gemma 3's, the largest public vocabulary (Qwen3: 151936)
+MAX_TRAIN_BATCH = 1024  # sequences per rank and step
+MIN_TRAIN_LR, MAX_TRAIN_LR = 1e-7, 1.0  # Adam's learning rates in use span 1e-6 to 1e-2
 
 
 def _seconds() -> Number:
@@ -261,6 +268,31 @@ _PARAMS = [
           "arm B communicators (EP_NUM_COMMS)", together="different from arm_a_comms"),
     Param("ab_repeats", Integer(2, MAX_REPEATS), {"local": 5, "local:vllm": 3, "*": 5},
           "repeats per arm, interleaved"),
+    # 07 training (megatron-core): local is a CPU-sized model; a cluster's default is the public
+    # gate's MoE block (hidden 2048, ffn 1024, 128 experts top-8; Qwen3-30B-A3B's shape)
+    Param("train_steps", Integer(2, MAX_TRAIN_STEPS), {"*": 5},
+          "training steps (each gated; the loss must fall from the first to the last)"),
+    Param("train_layers", Integer(1, MAX_LAYERS), {"*": 2}, "decoder layers, each with an MoE"),
+    Param("train_hidden", Integer(8, MAX_TRAIN_HIDDEN), {"local": 64, **_cluster(2048)},
+          "hidden size", together="divisible by train_heads"),
+    Param("train_ffn_hidden", Integer(8, MAX_TRAIN_HIDDEN), {"local": 128, **_cluster(1024)},
+          "each expert's FFN hidden size"),
+    Param("train_heads", Integer(1, 128), {"local": 4, **_cluster(16)}, "attention heads"),
+    Param("train_experts", Integer(1, MAX_EXPERTS), {"local": 8, **_cluster(128)},
+          "routed experts per MoE layer", together="divisible by the ranks (EP = world)"),
+    Param("train_topk", Integer(1, MAX_TOPK), {"local": 2, **_cluster(8)}, "experts per token",
+          together="<= train_experts"),
+    Param("train_vocab", Integer(2, MAX_TRAIN_VOCAB), {"local": 128, **_cluster(4096)},
+          "vocabulary of the synthetic sequences"),
+    Param("train_seq_len", Integer(2, MAX_SEQUENCE_TOKENS), {"local": 32, **_cluster(1024)},
+          "tokens per sequence"),
+    Param("train_micro_batch", Integer(1, MAX_TRAIN_BATCH), {"local": 4, **_cluster(8)},
+          "sequences per rank and step"),
+    Param("train_lr", Number(MIN_TRAIN_LR, MAX_TRAIN_LR, "a learning rate"), {"*": 3e-3},
+          "Adam's learning rate"),
+    Param("train_dispatcher", OneOf(megatron.DISPATCHERS), {"*": "alltoall"},
+          "megatron-core's moe_token_dispatcher_type (flex: DeepEP-V2 behind it, only with a "
+          "megatron-core that has the ElasticBuffer path)"),
 ]
 PARAMS = {p.name: p for p in _PARAMS}
 
@@ -277,6 +309,9 @@ TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",
           "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
+TRAIN = ("ranks", "train_steps", "train_layers", "train_hidden", "train_ffn_hidden",
+         "train_heads", "train_experts", "train_topk", "train_vocab", "train_seq_len",
+         "train_micro_batch", "train_lr", "train_dispatcher")
 
 
 def _unique(*groups: tuple[str, ...]) -> tuple[str, ...]:
@@ -323,6 +358,12 @@ SPECS = {s.name: s for s in (
               _unique(COMMON, PLACE, KERNEL, ("arm_a_comms", "arm_b_comms", "ab_repeats"), SERVE,
                       TRAFFIC, ("answer_prompts",)),
               ("00_cluster", "03_kernel_test"), reads_when_serving=("00_cluster", "04_serve")),
+    StageSpec("07_train", "train", "Train: do a training step's tokens cross ranks and back?",
+              "a Megatron-core MoE GPT trains with its experts over every rank: every rank exits "
+              "0, loss finite and falling, grad norm finite, tokens crossing ranks counted per "
+              "step from the dispatcher, the dispatcher asked is the one that ran; on CPU the "
+              "same seed twice gives the same losses",
+              _unique(COMMON, PLACE, TRAIN), ("00_cluster",)),
 )}
 STAGES = tuple(SPECS)
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {name: spec.params for name, spec in SPECS.items()}
@@ -431,9 +472,31 @@ def _check_together(p: dict[str, Any]) -> None:
     if p.get("ab_backends") and p.get("engine") == "transformers":
         raise ParameterError("ab_backends", p["ab_backends"],
                              "'' with engine 'transformers' (it has no all-to-all backend)")
+    _check_training(p, ranks)
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")
+
+
+def _check_training(p: dict[str, Any], ranks: int | None) -> None:
+    """07's shape: whole experts per rank, top-k within them, whole heads, and a dispatcher the
+    pinned megatron-core has."""
+    experts, topk = p.get("train_experts"), p.get("train_topk")
+    if experts is None:
+        return
+    if topk is not None and topk > experts:
+        raise ParameterError("train_topk", topk, f"an integer from 1 to train_experts ({experts})")
+    if ranks and experts % ranks:
+        raise ParameterError("train_experts", experts, f"a multiple of the ranks ({ranks}: EP "
+                                                       "spans every rank) so each holds whole "
+                                                       "experts")
+    hidden, heads = p.get("train_hidden"), p.get("train_heads")
+    if hidden is not None and heads and hidden % heads:
+        raise ParameterError("train_hidden", hidden, f"a multiple of train_heads ({heads})")
+    if p.get("train_dispatcher") == "flex" and p.get("pin_set"):
+        why = megatron.flex_refusal(megatron.pinned_version(p["pin_set"]))
+        if why:
+            raise ParameterError("train_dispatcher", "flex", f"alltoall or allgather: {why}")
 
 
 def _check_engine(p: dict[str, Any]) -> None:

@@ -241,9 +241,10 @@ def show(stage: Stage, data: dict):
         from IPython.display import display
 
         table = pd.DataFrame(beside_bounds(data["test_ep"], data.get("bounds")))
-        with_bound = " and its transfer bound" if BOUND_COLUMN in table else ""
-        print("DeepEP test_ep (first case: FP8 dispatch, bf16 combine) beside the torch benchmark, "
-              f"the bare NCCL floor{with_bound}, per token count:")
+        beside = ("the torch benchmark, the bare NCCL floor and its transfer bound"
+                  if BOUND_COLUMN in table else "the torch benchmark and the bare NCCL floor")
+        print(f"DeepEP test_ep (first case: FP8 dispatch, bf16 combine) beside {beside}, per "
+              "token count:")
         display(table.round({c: 2 if c == RATIO_COLUMN else 1 for c in table.columns}))
         if data.get("bounds"):
             show_bounds(data["bounds"], table, stage.run_id)

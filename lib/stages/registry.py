@@ -288,8 +288,10 @@ _PARAMS = [
           "tokens per sequence"),
     Param("train_micro_batch", Integer(1, MAX_TRAIN_BATCH), {"local": 4, **_cluster(8)},
           "sequences per rank and step"),
-    Param("train_lr", Number(MIN_TRAIN_LR, MAX_TRAIN_LR, "a learning rate"), {"*": 3e-3},
-          "Adam's learning rate"),
+    # the cluster's block diverged at 3e-3 on one H200 (loss 8.73 -> 9.62 in 5 steps,
+    # results/gpu-1xh200-train-20261204) and fell at 3e-4 (8.73 -> 7.08 in 8, ...20261204b)
+    Param("train_lr", Number(MIN_TRAIN_LR, MAX_TRAIN_LR, "a learning rate"),
+          {"local": 3e-3, **_cluster(3e-4)}, "Adam's learning rate"),
     Param("train_dispatcher", OneOf(megatron.DISPATCHERS), {"*": "alltoall"},
           "megatron-core's moe_token_dispatcher_type (flex: DeepEP-V2 behind it, only with a "
           "megatron-core that has the ElasticBuffer path)"),

@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 AIPERF_VENV := .venv-aiperf
 RUN ?=
 # the context `make run` runs on (local: this machine; kube or slurm: that cluster, refused as a
-# FAIL at 00 when it does not answer)
-CONTEXT ?= local
+# FAIL at 00 when it does not answer); empty: the cluster profile's (lib/stages/profile.py), else local
+CONTEXT ?=
 REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
 PIP_QUIET := -q --disable-pip-version-check
 
@@ -36,7 +36,7 @@ venv: $(VENV)/.installed $(AIPERF_VENV)/.installed
 # RUN=<run_id> resumes that run: stages with intact gates and hashes kept, the rest redone.
 # Ctrl-C (SIGINT to the group) or SIGTERM stops every process the guide started (lib.runner).
 run: venv
-	$(PY) -m lib.runner run --context $(CONTEXT) $(if $(RUN),--run-id $(RUN))
+	$(PY) -m lib.runner run $(if $(CONTEXT),--context $(CONTEXT)) $(if $(RUN),--run-id $(RUN))
 
 book: venv
 	@test -n "$(RUN)" || { echo "usage: make book RUN=<run_id> (a folder of results/)"; exit 2; }

@@ -44,6 +44,7 @@ from pathlib import Path
 import nbformat
 
 from lib import places
+from lib.stages import profile
 from lib.core import evidence
 from lib.core import reaper
 from lib.core.door import REPO_ROOT, attempt_of, read_transcript, redact_file
@@ -573,11 +574,32 @@ def store_reference(run_id: str) -> None:
     (RESULTS / "REFERENCE").write_text(run_id + "\n", encoding="utf-8")
 
 
+def profile_command(action: str | None, context: str | None, given: dict[str, str]) -> int:
+    """`profile show`, or write the profile from --context and -p (checked first: a profile a
+    stage would refuse is never written)."""
+    if action == "show":
+        print(profile.shown())
+        return 0
+    if not context and not given:
+        print("usage: python -m lib.runner profile --context kube|slurm|plan -p NAME VALUE ..., "
+              "or profile show", file=sys.stderr)
+        return 2
+    try:
+        where = profile.write({**({"context": context} if context else {}), **given})
+    except ParameterError as err:
+        print(f"python -m lib.runner profile: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {where}; every notebook and `make run` now default to it "
+          "(an explicit -p wins; `python -m lib.runner profile show` prints it)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lib.runner")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the seven stages, seal the run, build the book")
-    run.add_argument("--context", default="local")
+    run.add_argument("--context", default=None,
+                     help="local, plan, kube or slurm (default: the cluster profile's, else local)")
     run.add_argument("--run-id", default=None,
                      help="an existing run resumes: its intact stages kept, the rest redone")
     run.add_argument("--stages", default=None, help="comma-separated subset, e.g. 00_cluster")
@@ -587,13 +609,21 @@ def main(argv: list[str] | None = None) -> int:
     book.add_argument("run_id")
     ref = sub.add_parser("reference", help="store a run's executed notebooks in notebooks/")
     ref.add_argument("run_id")
+    prof = sub.add_parser("profile", help="write the cluster profile every notebook defaults to "
+                                          "(`profile show` prints it)")
+    prof.add_argument("action", nargs="?", choices=["show"])
+    prof.add_argument("--context", default=None)
+    prof.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     args = parser.parse_args(argv)
+    if args.command == "profile":
+        return profile_command(args.action, args.context, dict(args.p))
 
     from lib.publish import book as book_mod
 
     if args.command == "run":
         stages = args.stages.split(",") if args.stages else None
         try:  # before anything is written: no empty or misplaced run is left behind
+            args.context = args.context or profile.load().get("context") or "local"
             check_run_request(args.context, args.run_id, stages, dict(args.p))
         except ParameterError as err:
             print(f"python -m lib.runner run: {err}", file=sys.stderr)

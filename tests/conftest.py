@@ -8,6 +8,9 @@ from lib.core.identities import STATE_DIR_ENV
 
 _TABLES = tempfile.mkdtemp(prefix="repro-identities-")
 os.environ[STATE_DIR_ENV] = _TABLES  # papermill's kernels and every subprocess inherit it
+# a cluster profile of the person running the tests never sets the tests' defaults (lib.stages.profile);
+# a test that wants one writes its own and points REPRO_PROFILE at it
+os.environ["REPRO_PROFILE"] = os.path.join(_TABLES, "no-profile.yaml")
 
 
 def pytest_unconfigure(config):
@@ -48,7 +51,7 @@ def reference_book(tmp_path_factory):
 # the long files are split instead (tests/vllm_stage_kit.py).
 CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
                  "test_manifests.py", "test_slurm_place.py", "test_slurm_engines.py",
-                 "test_slurmlocal.py")
+                 "test_slurmlocal.py", "test_train_cluster.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).

@@ -486,3 +486,38 @@ def test_02_checks_the_image_it_is_given_with_its_verify_script_on_a_node(env, t
         verify.reason
     assert got["hadolint clean on the Dockerfile"].status == "PASS"  # the lint runs here
     assert env.objects_left() == []
+
+
+def test_04_as_typed_with_a_kube_profile_serves_on_the_control_plane(env, tmp_path,
+                                                                      monkeypatch):
+    """`papermill notebooks/04_serve.ipynb out.ipynb -p nodes 2`, the guide's headline command,
+    after `python -m lib.runner profile --context kube ...` once: the notebook takes the
+    cluster's context, namespace, image and model cache from the profile (lib.stages.profile)."""
+    import subprocess
+    import sys
+
+    from lib import runner
+    from lib.core.door import REPO_ROOT
+    from lib.stages import profile
+    from tests.kube_env import IMAGE
+
+    serve_pods(env, tmp_path, "vllm", compose.compose_vllm_pods(tmp_path / "logs"))
+    monkeypatch.setenv(profile.PROFILE_ENV, str(tmp_path / "profile.yaml"))
+    assert runner.main(["profile", "--context", "kube", "-p", "namespace", env.namespace,
+                        "-p", "image", IMAGE, "-p", "model_cache_dir", MODEL_CACHE,
+                        "-p", "schedule_timeout_s", "20", "-p", "server_timeout_s", "60"]) == 0
+    results = tmp_path / "results"
+    typed = [sys.executable, "-m", "papermill", str(REPO_ROOT / "notebooks" / "04_serve.ipynb"),
+             str(tmp_path / "out.ipynb"), "-p", "nodes", "2",
+             # where the test keeps its run (a person's lands in results/)
+             "-p", "results_dir", str(results), "-p", "run_id", "typed"]
+    done = subprocess.run(typed, capture_output=True, text=True, timeout=600,
+                          cwd=REPO_ROOT / "notebooks")
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((results / "typed" / "run.json").read_text())
+    assert record["context"] == "kube" and record["parameters"]["namespace"] == env.namespace
+    assert record["profile"]["values"]["image"] == IMAGE
+    gates = json.loads((results / "typed" / "04_serve" / "gates.json").read_text())
+    assert {g["gate"]: g["status"] for g in gates if g["status"] != "PASS"} == {}
+    assert any(g["gate"] == "vllm_all2all_manager" for g in gates)
+    assert env.objects_left() == []

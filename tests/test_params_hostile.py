@@ -213,7 +213,16 @@ COMPANIONS = {
     "deepep_dir": {"nccl_site": "/tmp/nccl-site"},
     "all2all_backend": {"context": "kube"},
     "ab_backends": {"context": "kube"},
+    # 07: whole experts per rank, top-k within them, whole heads
+    "train_experts": {"context": "kube", "nodes": 1, "ranks": 1, "train_topk": 1},
+    "train_topk": {"train_experts": 64},
+    "train_heads": {"train_hidden": 8192},
 }
+
+
+# A choice no pin set can take yet, refused with its reason (tests/test_train.py checks it): the
+# flex dispatcher needs a megatron-core with DeepEP-V2's ElasticBuffer path, in no release yet.
+REFUSED_BY_EVERY_PIN_SET = {("train_dispatcher", "flex")}
 
 
 def test_the_edges_of_every_bound_are_accepted():
@@ -221,6 +230,8 @@ def test_the_edges_of_every_bound_are_accepted():
     for name, param in PARAMS.items():
         stage = next(s for s in STAGES if name in STAGE_PARAMS[s])
         for edge in param.rule.edges():
+            if isinstance(edge, str) and (name, edge) in REFUSED_BY_EVERY_PIN_SET:
+                continue
             resolved = registry.resolve(stage, {**COMPANIONS.get(name, {}), name: edge})
             assert resolved[name] == param.rule(edge), (name, shown(edge))
             tried += 1

@@ -196,11 +196,16 @@ class Number(Rule):
         return value
 
     def edges(self) -> list[Any]:
-        return [self.low, self.high, float(self.low), f"{self.low:g}", f"{self.high:g}"]
+        return [self.low, self.high, float(self.low), _decimal(self.low), _decimal(self.high)]
 
     def beyond(self) -> list[Any]:
         return [self.low - 0.001, 0, -1, self.high + 1, str(self.high + 1), 1e9, 1e300,
                 *_WRONG_NUMBERS, [self.low]]
+
+
+def _decimal(x: float) -> str:
+    """x as the decimal text a person types (1e-07 as 0.0000001: exponents are refused text)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.15f}".rstrip("0")
 
 
 @dataclass(frozen=True)

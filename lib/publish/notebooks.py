@@ -14,7 +14,8 @@ from lib.stages.registry import SPECS, STAGE_PARAMS
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
-FIXED_DEFAULTS = {"context": "local", "run_id": "", "results_dir": "results"}
+# context None: the cluster profile's (lib.stages.profile), else local
+FIXED_DEFAULTS = {"run_id": "", "results_dir": "results"}
 
 
 def parameters_source(stage: str) -> str:

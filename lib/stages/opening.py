@@ -17,6 +17,7 @@ hook stops what the stage started (`close_resources`).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import platform
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lib import places
+from lib.stages import profile
 from lib.core import evidence
 from lib.core import reaper
 from lib.core.door import Door, REPO_ROOT
@@ -44,8 +46,11 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     if declared is None:
         raise ParameterError("stage", name, "one of " + ", ".join(registry.STAGES))
     given = {k: namespace[k] for k in declared if k in namespace}
-    resolved = registry.resolve(name, given)  # raises before any effect
     replay_of = os.environ.get(REPLAY_ENV)
+    supplied: dict[str, Any] = {}
+    if not replay_of:  # a replay's parameters are what its notebooks were given, never a profile
+        given, supplied = profile.fill(declared, given)
+    resolved = registry.resolve(name, given)  # raises before any effect
     if not replay_of:  # a replay's recorded run already proves what its machine could do
         places.check_engine(resolved)
     if "engine" in resolved and not resolved["engine"]:
@@ -57,7 +62,8 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     if replay_of:
         stage = open_replay(name, resolved, resolve_path(replay_of), registry.PARAMS, plan=plan)
     else:
-        stage = open_record(name, resolved, write_run_json, plan=plan)
+        stage = open_record(name, resolved, functools.partial(
+            write_run_json, profile_read=profile.recorded(supplied)), plan=plan)
         ledger = reaper.Ledger(stage.run_dir)
         ledger.owner(name)  # the runner finds the kernel to stop here
         reaper.ensure_reaper(ledger)
@@ -77,7 +83,8 @@ def recorded_engine(recorded: Path, name: str) -> str:
     return recorded_params.get("engine") or "transformers"
 
 
-def write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
+def write_run_json(run_dir: Path, resolved: dict[str, Any],
+                   profile_read: dict[str, Any] | None = None) -> None:
     """run.json, written by the first stage of a run: what ran, where, with which guide."""
     door = Door(run_dir, "_run")
     sha = door.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, timeout=30, check=False)
@@ -106,6 +113,8 @@ def write_run_json(run_dir: Path, resolved: dict[str, Any]) -> None:
         "replay_with": f"{REPLAY_ENV}=results/{run_dir.name}",
         "outputs_version": OUTPUTS_VERSION,
     }
+    if profile_read:  # the cluster profile whose defaults the run took (lib.stages.profile)
+        record["profile"] = profile_read
     if os.environ.get(LEVEL_ENV):  # a test cluster says what of it was real (the book shows it)
         record["level"] = os.environ[LEVEL_ENV]
     evidence.write_json_new(run_dir / "run.json", record)

@@ -31,6 +31,10 @@ from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.roots import pins as pins_mod
 
 CONTEXTS = ("local", "plan", "kube", "slurm")
+# lib.stages.profile's how-to (said here too: the profile module reads this one, not the reverse)
+PROFILE_HOW = ("python -m lib.runner profile --context kube -p kube_context <context> "
+               "-p namespace <namespace> -p image <image> -p model_cache_dir <dir>, or "
+               "--context slurm -p partition <partition> ...; or pass -p context kube|slurm")
 CLUSTER_PLACES = ("kube", "slurm")  # what `plan` can plan for
 ENGINES = tuple(sorted(catalog.ENGINES))
 # srun --mpi's plugins (Slurm's mpi/ plugin names; pmix_vN where more than one PMIx is built)
@@ -439,7 +443,9 @@ def _check_together(p: dict[str, Any]) -> None:
     one_machine = "context" in p and places.on_one_machine(p)
     if one_machine and p.get("nodes") not in (None, 1):
         raise ParameterError("nodes", p["nodes"], "1 on the local context (more needs a cluster: "
-                                                  "kube or slurm)")
+                                                  "kube or slurm; to make a cluster the "
+                                                  "notebooks' default, write a profile once: "
+                                                  f"{PROFILE_HOW})")
     experts, topk = p.get("num_experts"), p.get("num_topk")
     if experts is not None and topk is not None and topk > experts:
         raise ParameterError("num_topk", topk, f"an integer from 1 to num_experts ({experts})")

@@ -97,7 +97,7 @@ def test_each_cell_is_computed_from_the_runs_that_covered_it(results):
     table = coverage.coverage_table(catalog(results)).set_index("engine / lane")
     assert list(table.columns) == list(coverage.PLACES)
     assert list(table.index) == [e.title for e in engines.ENGINES.values()] + [
-        "DeepEP test_ep", "torch benchmark"]
+        "DeepEP test_ep", "torch benchmark", coverage.TRAINING_LANE, coverage.NEMO_RL_LANE]
     vllm, sglang, trtllm = (table.loc[engines.ENGINES[n].title] for n in ("vllm", "sglang",
                                                                            "trtllm"))
     assert vllm["one GPU host"] == f"**measured**: 2 runs, 1 passing; latest {link('gpu-b')}"
@@ -253,3 +253,82 @@ def test_each_cross_engine_row_says_its_level_and_what_the_guide_reached(results
     assert table.loc["TensorRT-LLM 0.21.0 through an API shim", "this guide"] == (
         f"{coverage.SLURM_SIMULATED_GPUS}, Slurm")
     assert table.loc["TensorRT-LLM 0.21.0 through an API shim", "c32 tok/s"] == "586.7"
+
+
+# ---- megatron-core training (07) and NeMo-RL ------------------------------------------------------
+
+def add_training(run: Path, state: str, ranks: int | None) -> None:
+    """07's gates (one gate in `state`) and, where `ranks` is given, two steps logged by as many
+    ranks: the files lib.stages.train writes."""
+    write_json(run / "07_train" / "gates.json", gates(state))
+    if ranks is not None:
+        write_json(run / "07_train" / "steps.json", [
+            {"step": i, "loss": 5.0 - i, "grad norm": 1.0, "ranks": ranks,
+             "sent to other ranks": 0, "routed to other ranks": 0, "step s (slowest rank)": 0.1}
+            for i in range(2)])
+
+
+def test_the_training_lane_names_each_place_its_level_and_ep(results):
+    add_training(results / "gpu-a", "PASS", ranks=1)
+    add_training(results / "gpu-b", "FAIL", ranks=1)
+    add_training(results / "cpu-a", "PASS", ranks=2)
+    add_training(results / "plan-a", "SKIP", ranks=None)  # planned for Slurm: rendered only
+    add_training(results / "kube-skip", "SKIP", ranks=None)  # the place could not: nothing
+    table = coverage.coverage_table(catalog(results)).set_index("engine / lane")
+    lane = table.loc[coverage.TRAINING_LANE]
+    assert lane["one GPU host"] == f"**measured**: 2 runs, 1 passing; EP 1; latest {link('gpu-b')}"
+    assert lane["one CPU host"] == f"**measured**: 1 run, 1 passing; EP 2; latest {link('cpu-a')}"
+    assert lane["Slurm"] == f"**{coverage.RENDERED}**: 1 run, 0 passing; latest {link('plan-a')}"
+    assert lane["Kubernetes"] == coverage.NOT_RUN
+    assert coverage.best_level(catalog(results), coverage.TRAINING_LANE) == "measured, one GPU host"
+    # the serving lanes of the same runs are as before: an EP is said only where 07 ran
+    assert table.loc["vLLM", "one GPU host"] == (f"**measured**: 2 runs, 1 passing; latest "
+                                                f"{link('gpu-b')}")
+
+
+def test_the_committed_training_runs_fill_the_training_row():
+    runs = catalog(REPO_ROOT / "results")
+    lane = coverage.coverage_table(runs).set_index("engine / lane").loc[coverage.TRAINING_LANE]
+    assert lane["one GPU host"] == ("**measured**: 2 runs, 1 passing; EP 1; latest "
+                                    f"{link('gpu-1xh200-train-20261204b')}")
+    ran_07 = {coverage.place_of(r) for r in runs if r.stages.get("07_train") != "not run"}
+    for place in coverage.PLACES:
+        assert (lane[place] == coverage.NOT_RUN) == (place not in ran_07), place
+
+
+def test_the_nemo_rl_row_is_run_nowhere_and_its_section_says_why(results):
+    runs = catalog(results)
+    row = coverage.coverage_table(runs).set_index("engine / lane").loc[coverage.NEMO_RL_LANE]
+    assert set(row) == {coverage.NOT_RUN}
+    page = coverage.coverage_page(runs, list(cited.CLAIMS))
+    section = page.split("(nemo-rl)=", 1)[1]
+    assert section.startswith("\n## NeMo-RL: not run here, and why")
+    for said in ("not a NeMo-RL run", "rollout-shaped driver over Megatron's fused all-to-all",
+                 "V1-to-V2 shim", "64 tokens", "[64, 8192]", "9.45 s", "as a follow-up",
+                 "results/nemo-rl-rollout-20260429/VALIDATION.md, 2026-04-29"):
+        assert said in coverage.NEMO_RL_RAN and said in section, said
+    header = next(line for line in section.splitlines() if line.startswith("| fact"))
+    assert header == f"| fact | source, date | checked here, {coverage.NEMO_RL_CHECKED} |"
+    facts = {f["fact"]: f for f in coverage.NEMO_RL_FACTS}
+    assert set(facts) == {
+        "NeMo-RL's main requires Python >= 3.13.14", "ray >= 2.55.1",
+        "Transformer Engine and vLLM come from outside the registries",
+        "PyPI's nemo-rl is a placeholder",
+        "the public reproduction's pin 46be4e8 needs torch 2.9.0 (the guide's GPU image has "
+        "torch 2.11.0)"}
+    for fact in facts.values():  # each with its source and date, and what was checked, said
+        assert re.search(r"\d{4}-\d{2}-\d{2}|PyPI", fact["source, date"]), fact
+        assert re.match(r"(verified|partly|not verified|at NeMo-RL commit)", fact["checked here"])
+        assert fact["fact"] in section and fact["checked here"] in section
+    assert facts["PyPI's nemo-rl is a placeholder"]["checked here"].startswith("verified: one "
+                                                                              "version, 0.0.0")
+    assert "No placeholder stage" in coverage.NEMO_RL_WHY and coverage.NEMO_RL_WHY in section
+
+
+def test_the_nemo_rl_record_says_what_the_section_says():
+    record = (PUBLIC / "nemo-rl-rollout-20260429" / "VALIDATION.md").read_text()
+    assert "NeMo-RL rollout: PASS on 2-node H100 EFA — 2026-04-29" in record
+    assert "NEMO-RL ROLLOUT SMOKE PASS in 9.45s" in record
+    assert "tokens.shape=[64]  log_probs.shape=[64, 8192]" in record
+    assert "with the V1->V2 shim" in record and "is\na follow-up" in record
+    assert "nemo-rl-deepep-v2:46be4e8-shim-h100-20260429" in record

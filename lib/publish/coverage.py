@@ -9,6 +9,9 @@ run with no `level` was measured on the place it names; a `kube` run with one ra
 control plane with simulated nodes (tests/record_kube_run.py); a `slurm` run with one on the real
 two-node Slurm, its nodes this CPU host (no GPU declared: every output measured there) or GPUs
 simulated (tests/record_slurm_run.py); a `plan` run rendered and checked, ran nothing.
+07_train covers the megatron-core training lane, its cell naming the EP each level ran at (from
+its steps.json). NeMo-RL is a row no run covers, with what the public reproduction's gate 6 ran
+and why the guide does not run it, each fact with its source and what was checked here.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import pandas as pd
 
 from lib.engines import catalog as engines
 from lib.measure import published
+from lib.publish import results as figures
 from lib.publish.catalog import Run, host_facts
 from lib.publish.pages import _md_table, run_link
 from lib.stages.opening import recorded_engine
@@ -34,6 +38,8 @@ NOT_RUN = "not run"
 # A kernel lane: the file 03 writes when it ran that kernel (lib.stages.kernel).
 KERNEL_LANES = {"DeepEP test_ep": "test_ep.json", "torch benchmark": "result.json"}
 COVERED_STATES = ("PASS", "FAIL")
+TRAINING_LANE = "megatron-core training (07)"
+NEMO_RL_LANE = "NeMo-RL"
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Covered:
     level: str
     run_id: str
     state: str
+    detail: str = ""  # what a cell says beside the level (the EP a training run ran at)
 
 
 def place_of(run: Run) -> str:
@@ -71,8 +78,9 @@ def level_of(run: Run) -> str:
     return f"not measured ({run.context}: {run.record['level']})"
 
 
-def lanes_of(run: Run) -> list[tuple[str, str]]:
-    """(lane, its stage's state) for every lane the run covered: its engine's title, kernels."""
+def lanes_of(run: Run) -> list[tuple[str, str, str]]:
+    """(lane, its stage's state, detail) for every lane the run covered: its engine's title,
+    kernels, megatron-core training with its EP."""
     def ran(stage: str) -> bool:
         state = run.stages.get(stage, "not run")
         return state in COVERED_STATES or (run.context == "plan" and state == "SKIP")
@@ -81,22 +89,28 @@ def lanes_of(run: Run) -> list[tuple[str, str]]:
     if ran("04_serve"):
         name = recorded_engine(run.path, "04_serve")
         title = engines.ENGINES[name].title if name in engines.ENGINES else name
-        lanes.append((title, run.stages["04_serve"]))
+        lanes.append((title, run.stages["04_serve"], ""))
     if ran("03_kernel_test"):
-        lanes += [(lane, run.stages["03_kernel_test"]) for lane, result in KERNEL_LANES.items()
-                  if (run.path / "03_kernel_test" / result).exists()]
+        lanes += [(lane, run.stages["03_kernel_test"], "") for lane, result in
+                  KERNEL_LANES.items() if (run.path / "03_kernel_test" / result).exists()]
+    if ran(figures.TRAIN_STAGE):
+        ep = figures.training_ep(run)
+        lanes.append((TRAINING_LANE, run.stages[figures.TRAIN_STAGE],
+                      f"EP {ep}" if ep else ""))
     return lanes
 
 
 def coverage(runs: list[Run]) -> list[Covered]:
     """Every (run, lane) the committed runs cover, in the runs' order (oldest first)."""
-    return [Covered(lane, place_of(run), level_of(run), run.run_id, state)
-            for run in runs for lane, state in lanes_of(run)]
+    return [Covered(lane, place_of(run), level_of(run), run.run_id, state, detail)
+            for run in runs for lane, state, detail in lanes_of(run)]
 
 
 def lanes() -> list[str]:
-    """The table's rows: every engine of lib.engines.catalog, then the kernel lanes."""
-    return [e.title for e in engines.ENGINES.values()] + list(KERNEL_LANES)
+    """The table's rows: every engine of lib.engines.catalog, the kernel lanes, megatron-core
+    training, and NeMo-RL (which no run covers: its section says why)."""
+    return ([e.title for e in engines.ENGINES.values()] + list(KERNEL_LANES)
+            + [TRAINING_LANE, NEMO_RL_LANE])
 
 
 def _rank(level: str) -> int:
@@ -113,7 +127,10 @@ def cell(covered: list[Covered]) -> str:
         mine = [c for c in covered if c.level == level]
         passed = sum(c.state == "PASS" for c in mine)
         runs = f"{len(mine)} run" + ("s" if len(mine) > 1 else "")
-        said.append(f"**{level}**: {runs}, {passed} passing; latest {run_link(mine[-1].run_id)}")
+        details = sorted({c.detail for c in mine if c.detail})
+        at = f"; {', '.join(details)}" if details else ""
+        said.append(f"**{level}**: {runs}, {passed} passing{at}; "
+                    f"latest {run_link(mine[-1].run_id)}")
     return "; ".join(said)
 
 
@@ -151,6 +168,66 @@ def cross_engine_table(runs: list[Run]) -> pd.DataFrame:
     return table
 
 
+# NeMo-RL, which the guide does not run. What the public reproduction's gate 6 ran, by its own
+# record; then why the guide does not run NeMo-RL, each fact with its source and date and what
+# was checked here on NEMO_RL_CHECKED (verified, partly, or not: said as such, never dropped).
+NEMO_RL_RECORD = f"{published.SOURCE.split(' ')[0]}, results/nemo-rl-rollout-20260429/VALIDATION.md"
+NEMO_RL_CHECKED = "2026-12-04"
+NEMO_RL_RAN = (
+    "By its own record, the public gate 6 ('NeMo-RL rollout', world 16 on 2x p5.48xlarge H100 "
+    "over EFA) was not a NeMo-RL run: a rollout-shaped driver over Megatron's fused all-to-all "
+    "(`fused_a2a`) through a DeepEP V1-to-V2 shim returned 64 tokens and log-probs shaped "
+    "[64, 8192] in 9.45 s; a real end-to-end NeMo-RL rollout with a real model is named there "
+    f"as a follow-up ({NEMO_RL_RECORD}, 2026-04-29; cited).")
+NEMO_RL_FACTS = (
+    {"fact": "NeMo-RL's main requires Python >= 3.13.14",
+     "source, date": "../shared/reference/ANCHORS.md section 7 ('since #2220'), found 2026-12-03",
+     "checked here": "partly: NeMo Gym, a uv workspace member of NeMo-RL (3rdparty/Gym-workspace "
+                     "in its pyproject.toml), moved to Python 3.13.14 (NVIDIA-NeMo/Gym #2194, "
+                     "merged 2026-07-29), and NVIDIA-NeMo/RL #2562 (open, 2026-05-25) asks for a "
+                     "Python 3.12 build; main's own pyproject.toml and #2220 were not seen "
+                     "(the stored copies are older, >= 3.12)"},
+    {"fact": "ray >= 2.55.1",
+     "source, date": "../shared/reference/ANCHORS.md section 7, found 2026-12-03",
+     "checked here": "at NeMo-RL commit 7fa6e55, not main: a public recipe building that commit "
+                     "rewrites its pyproject.toml's ray[default]>=2.55.1 (and NeMo Gym's "
+                     ">=2.56.1) to ==2.55.1 (found by code search; it gives no date)"},
+    {"fact": "Transformer Engine and vLLM come from outside the registries",
+     "source, date": "../shared/reference/ANCHORS.md section 7 ('TE 2.14.1 from git'), found "
+                     "2026-12-03",
+     "checked here": "not verified: the stored NeMo-RL pyproject.toml (commit 00efe66) takes "
+                     "transformer-engine 2.8.0 and vllm 0.11.2 from PyPI, DeepEP and DeepGEMM "
+                     "from git; main's was not seen"},
+    {"fact": "PyPI's nemo-rl is a placeholder",
+     "source, date": "PyPI (pip index versions nemo-rl; its JSON API)",
+     "checked here": "verified: one version, 0.0.0, uploaded 2025-06-03, with no dependencies"},
+    {"fact": "the public reproduction's pin 46be4e8 needs torch 2.9.0 (the guide's GPU image "
+             "has torch 2.11.0)",
+     "source, date": f"the pin: its image tag 46be4e8-shim-h100-20260429 ({NEMO_RL_RECORD}, "
+                     "2026-04-29); torch 2.9.0: issue 30",
+     "checked here": "not verified: 46be4e8 is not in the stored sources; the stored NeMo-RL "
+                     "pyproject.toml of commit 00efe66 (its date not stored) pins torch==2.9.0, "
+                     "ray 2.49.2 and Python >= 3.12"},
+)
+NEMO_RL_WHY = (
+    "Why the guide does not run NeMo-RL here: its main wants a Python (3.13.14) that neither the "
+    "guide's environment (3.11) nor the GPU image (3.12) has, and (by ANCHORS.md, not verified "
+    "here) Transformer Engine and vLLM from outside the registries, which the GPU machines cannot "
+    "reach; the public reproduction's own pin wants another torch (2.9.0) than the image's "
+    "(2.11.0). PyPI offers only a placeholder. And what the public gate ran was Megatron's fused "
+    "all-to-all, the path 07 trains through with megatron-core's own dispatcher. No placeholder "
+    "stage stands in for it.")
+
+
+def nemo_rl_section() -> list[str]:
+    """The NeMo-RL row's section: what the public gate 6 ran, the facts (each with its source,
+    date and what was checked here), and why the guide does not run it."""
+    table = pd.DataFrame(list(NEMO_RL_FACTS))
+    return ["(nemo-rl)=", "## NeMo-RL: not run here, and why\n", NEMO_RL_RAN + "\n",
+            _md_table(table.rename(columns={"checked here": f"checked here, {NEMO_RL_CHECKED}"})),
+            "\n" + NEMO_RL_WHY + "\n"]
+
+
 def claims_table(cited: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{"engine": c["engine"], "claim": c["claim"],
                           "source, date": f"{c['source']}, {c['date']}"} for c in cited])
@@ -172,6 +249,10 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
         "they count here once a run of theirs is committed.\n",
         _md_table(coverage_table(runs)),
         "\n" + pin_sets_line(runs) + "\n",
+        f"*{TRAINING_LANE}*: stage 07 at the place it ran, with the EP it ran at (a run on one "
+        "GPU is EP 1: no token crosses a GPU there). "
+        f"*{NEMO_RL_LANE}*: no run; {{ref}}`below <nemo-rl>`, what the public gate ran and why "
+        "the guide does not run it.\n",
         "(cross-engine)=", "## The public reproduction's engines side by side (cited)\n",
         f"Output tok/s at concurrency 4 / 8 / 32 on {published.HARDWARE}; "
         f"{published.CROSS_ENGINE_WORKLOAD}. The same model and workload on the same nodes, but "
@@ -184,6 +265,7 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
         "For the engines and lanes above and those this guide does not run; each with its "
         "source and the date it gives (or the date it was found).\n",
         _md_table(claims_table(cited)) + "\n",
+        *nemo_rl_section(),
     ])
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 from lib.core import evidence
 from lib.measure import published
 from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
-from lib.publish import plots, report
+from lib.publish import plots, report, training
 from lib.publish import results as figures
 from lib.publish.catalog import END_TO_END, Run, by_id
 
@@ -24,6 +24,7 @@ QUESTIONS = (
     ("fast", "How fast is it, kernel and served?"),
     ("beats", "When does it beat vLLM's default all-to-all (allgather_reducescatter), and do the "
               "levers (CUDA graphs, EP_NUM_COMMS) pay?"),
+    ("trains", "Does a training step's all-to-all work?"),
 )
 CITED = f"cited: {published.SOURCE}"
 
@@ -162,7 +163,7 @@ def answers(ev: Evidence) -> list[str]:
     epnc = published_epnc_ratio()
     parts.append(f"EP_NUM_COMMS 8 / 1: {NOT_MEASURED} here (a lever of DeepEP's GIN across "
                  f"nodes); cited {epnc:.2f}x output tok/s at c32 ({CITED}, 2026-07-07)")
-    return [works, fast, "; ".join(parts) + "."]
+    return [works, fast, "; ".join(parts) + ".", training.training_answer(ev.runs, run_link)]
 
 
 def graphs_backend(ev: Evidence, run_id: str) -> str:
@@ -194,6 +195,7 @@ def results_page(ev: Evidence, figures_dir: Path) -> str:
     out += fast_section(ev, figures_dir)
     out += beats_section(ev, figures_dir)
     out += bounds_section(ev, figures_dir)
+    out += training.training_section(ev.runs, figures_dir, run_link)
     return "\n".join(out)
 
 

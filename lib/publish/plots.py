@@ -164,3 +164,26 @@ def bounds_plot(lines: pd.DataFrame, points: pd.DataFrame, out: Path) -> Path:
     data = pd.concat([lines.assign(series="bound"),
                       points.assign(series="measured")], ignore_index=True)
     return _save(fig, data, out, "bounds")
+
+
+def training_plot(steps: pd.DataFrame, out: Path) -> Path:
+    """Loss (top) and global grad norm (bottom) per step, a line per run (lib.publish.results'
+    training_steps): a run whose 07 FAILed is dashed and says FAIL in its label."""
+    fig, (loss_ax, norm_ax) = plt.subplots(2, 1, figsize=(7.5, 5.6), sharex=True)
+    for i, (run, rows) in enumerate(steps.groupby("run", sort=False)):
+        rows = rows.sort_values("step")
+        failed = rows["state"].iloc[0] == "FAIL"
+        style = dict(color=f"C{i % 10}", marker="o", markersize=3,
+                     linestyle="--" if failed else "-")
+        label = f"{run}: EP {rows['ranks'].max()}, {rows['level'].iloc[0]}" + (
+            ", 07 FAIL" if failed else "")
+        loss_ax.plot(rows["step"], rows["loss"], label=label, **style)
+        norm_ax.plot(rows["step"], rows["grad_norm"], **style)
+    loss_ax.set(ylabel="loss (averaged over ranks)",
+                title="Training through the MoE all-to-all (07): loss and grad norm per step")
+    loss_ax.title.set_fontsize(9)
+    norm_ax.set(xlabel="step (as logged, from 0)", ylabel="global grad norm")
+    for ax in (loss_ax, norm_ax):
+        ax.grid(True, alpha=0.3)
+    loss_ax.legend(fontsize=6)
+    return _save(fig, steps, out, "training")

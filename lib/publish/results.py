@@ -247,3 +247,84 @@ def bound_lines(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                    "tokens": row["tokens"], "bound_us": row["D+C bound (us)"]}
                   for row in answer["rows"]]
     return pd.DataFrame(lines), points
+
+
+# ---- a training step over the all-to-all (stage 07) ---------------------------------------------
+TRAIN_STAGE = "07_train"
+CPU_TRAINING = "measured here, CPU, tiny model"
+TRAINING_COLUMNS = ["run", "hardware", "ep", "steps", "first_loss", "last_loss", "crossing_min",
+                    "crossing_max", "level", "state", "failed_gates"]
+
+
+def _is_reference(run: Run) -> bool:
+    from lib.publish.catalog import REFERENCE_FILE
+
+    listing = run.path.parent / REFERENCE_FILE
+    return listing.exists() and listing.read_text(encoding="utf-8").strip() == run.run_id
+
+
+def training_level(run: Run) -> str | None:
+    """The level a run's 07 is shown at, or None where it is not shown. A run that may feed
+    results (real GPUs, seal intact) is shown at its own level, its FAIL as a FAIL; the CPU
+    reference run (the one re-recorded with every change to a stage, every process real, a tiny
+    model over gloo) at CPU_TRAINING, for the shape of its curve, never as a figure; no other
+    CPU, simulated or planned run (the appendix lists them). 07 must have run (PASS or FAIL)."""
+    if run.stages.get(TRAIN_STAGE) not in ("PASS", "FAIL"):
+        return None
+    if run.feeds_results:
+        return run.level
+    cpu_reference = (_is_reference(run) and run.context == "local" and not run.record.get("level")
+                     and not run.seal.startswith("tampered"))
+    return CPU_TRAINING if cpu_reference else None
+
+
+def _train_steps(run: Run) -> list[dict]:
+    path = run.path / TRAIN_STAGE / "steps.json"
+    return evidence.read_json(path) if path.exists() else []
+
+
+def training_ep(run: Run) -> int | None:
+    """EP of a run's 07: the ranks that logged its steps (the stage spreads the experts over
+    every rank, EP = world), from its steps.json; None where no step was logged."""
+    steps = _train_steps(run)
+    return max(int(s["ranks"]) for s in steps) if steps else None
+
+
+def training_steps(runs: list[Run]) -> pd.DataFrame:
+    """One row per step of every run whose 07 is shown (training_level): loss, grad norm, the
+    token copies sent to other ranks' experts (all ranks summed), its level and 07's state."""
+    rows = []
+    for run in runs:
+        level = training_level(run)
+        if level is None:
+            continue
+        for s in _train_steps(run):
+            rows.append({"run": run.run_id, "step": int(s["step"]), "loss": float(s["loss"]),
+                         "grad_norm": float(s["grad norm"]),
+                         "crossing": int(s["sent to other ranks"]), "ranks": int(s["ranks"]),
+                         "level": level, "state": run.stages[TRAIN_STAGE]})
+    return pd.DataFrame(rows, columns=["run", "step", "loss", "grad_norm", "crossing", "ranks",
+                                       "level", "state"])
+
+
+def training_summary(runs: list[Run]) -> pd.DataFrame:
+    """One row per run whose 07 is shown: hardware, EP, steps, first and last loss, the least
+    and most token copies crossing ranks in a step, level, 07's state and its FAIL gates (by
+    name, from its gates.json); None for a figure no step logged."""
+    rows = []
+    for run in runs:
+        level = training_level(run)
+        if level is None:
+            continue
+        steps = sorted(_train_steps(run), key=lambda s: s["step"])
+        crossing = [int(s["sent to other ranks"]) for s in steps]
+        failed = [g["gate"] for g in evidence.read_gates(run.path / TRAIN_STAGE) or []
+                  if g["status"] == "FAIL"]
+        rows.append({"run": run.run_id, "hardware": run.hardware, "ep": training_ep(run),
+                     "steps": len(steps),
+                     "first_loss": float(steps[0]["loss"]) if steps else None,
+                     "last_loss": float(steps[-1]["loss"]) if steps else None,
+                     "crossing_min": min(crossing) if crossing else None,
+                     "crossing_max": max(crossing) if crossing else None,
+                     "level": level, "state": run.stages[TRAIN_STAGE], "failed_gates": failed})
+    return pd.DataFrame(rows, columns=TRAINING_COLUMNS)

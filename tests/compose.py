@@ -780,3 +780,57 @@ def compose_sglang_pods(dest: Path, *, world: int = 16, per_node: int = 8,
                        "thread at 0.0.0.0:8000")
         paths.append(_write(dest, f"{PREFIX}sglang{tag}-node{node}.log", "\n".join(out) + "\n"))
     return paths
+
+
+# --- stage 07's training, two pods ---------------------------------------------------------------
+# From the real rank logs tests/train_logs/record.py recorded (README.md there): lib.bench.moe_train
+# prints `moe-train <kind> {json}` lines (json.dumps, sort_keys=True: a `step` line's fields in
+# the order grad_norm, loss, rank, received_from_other_ranks, routed_to_other_ranks,
+# sent_to_other_ranks, step, step_s). json.dumps writes a float NaN as `NaN`.
+TRAIN_LOGS = REPO_ROOT / "tests" / "train_logs"
+_TRAIN_STEP_RE = re.compile(r'^(moe-train step \{"grad_norm": )[^,]+(, "loss": )[^,]+'
+                            r'(, "rank": \d+, .*"step": (\d+), .*)$')
+_TRAIN_START_RE = re.compile(r'^(moe-train start \{.*"dispatcher": )"\w+"(, .*"dispatchers": )'
+                             r'\[[^\]]*\](, .*"rank": (\d+), .*)$')
+
+
+def recorded_train_pods(case: str = "pass", nodes: int = 2) -> list[Path]:
+    """The recorded logs of one case, one per node (tests/train_logs/README.md)."""
+    paths = [TRAIN_LOGS / f"recorded-{case}-node{k}.log" for k in range(nodes)]
+    for path in paths:
+        assert path.is_file(), f"recording missing: {path} (tests/train_logs/record.py)"
+    return paths
+
+
+def compose_train_pods(dest: Path, *, nan_from_step: int | None = None,
+                       dispatcher_rank: int | None = None,
+                       dispatcher: str = "MoEAllGatherTokenDispatcher") -> list[Path]:
+    """The recorded `pass` logs with one thing changed, one per node:
+
+    - nan_from_step k: from step k on, every rank's step line reads `"loss": NaN` and
+      `"grad_norm": NaN` (the ranks log the loss averaged over all of them, so a NaN on one is a
+      NaN on every one; the backward of a NaN loss gives NaN gradients);
+    - dispatcher_rank r: rank r's start line names `dispatcher` as the class it built (in its
+      `dispatcher` and `dispatchers` fields).
+
+    Not faithful: the token counts stay the recording's (an allgather dispatcher keeps no split
+    sizes, so its rank would count none sent; a rank whose loss is NaN routes NaN scores)."""
+    if nan_from_step is None and dispatcher_rank is None:
+        raise ValueError("compose_train_pods: give nan_from_step or dispatcher_rank")
+
+    def changed(line: str) -> str:
+        step = _TRAIN_STEP_RE.match(line)
+        if step and nan_from_step is not None and int(step[4]) >= nan_from_step:
+            return f"{step[1]}NaN{step[2]}NaN{step[3]}"
+        start = _TRAIN_START_RE.match(line)
+        if start and dispatcher_rank is not None and int(start[4]) == dispatcher_rank:
+            return f'{start[1]}"{dispatcher}"{start[2]}["{dispatcher}"]{start[3]}'
+        return line
+
+    tag = (f"-nan-from-step{nan_from_step}" if nan_from_step is not None else "") + \
+        (f"-rank{dispatcher_rank}-{dispatcher}" if dispatcher_rank is not None else "")
+    paths = []
+    for node, recorded in enumerate(recorded_train_pods()):
+        text = "\n".join(changed(line) for line in _lines(read_raw(recorded))) + "\n"
+        paths.append(_write(dest, f"{PREFIX}train{tag}-node{node}.log", text))
+    return paths

@@ -136,8 +136,10 @@ _DOWNSTREAM_RE = re.compile(
     r"Error in chat completion stream generator|Exception occurred while running API servers|"
     r"died with exit code")
 # A rank its launcher stopped because another one failed (torchrun/mp.spawn send SIGTERM).
+# torch elastic's agent, itself sent SIGTERM (srun ending the step): "SignalException: Process N
+# got signal: 15".
 _STOPPED_RE = re.compile(r"exitcode\s*:\s*-15\b|failed \(exitcode: -15\)|signal SIGTERM\b|"
-                         r"Signal 15 \(SIGTERM\)")
+                         r"Signal 15 \(SIGTERM\)|got signal: 15\b")
 _SHUTDOWN_RE = re.compile(r"\[shutdown\]|received signal=SIG(?:TERM|INT)|"
                           r"Waiting up to \d+ seconds for processes to exit")
 
@@ -436,7 +438,10 @@ class _LogScan:
         if lead is not None:
             # the message vLLM logged before the traceback, judged by what was raised
             lead.exception = (lineno, clean)
-            if kind != "error":
+            # torchrun's "failed (exitcode: 3) local_rank: ..." stays the exit it reports (a
+            # rank that died without a word), not the ChildFailedError its agent raises after it
+            if kind != "error" and not (lead.kind == "exit"
+                                        and _TORCHRUN_FAILED_RE.search(lead.line)):
                 lead.kind = kind
             lead.generic = lead.lead_only = False
             return

@@ -168,6 +168,14 @@ def test_the_cpu_reference_is_shown_at_its_own_level_and_no_other_cpu_run(tmp_pa
             f"per step ({figures.CPU_TRAINING}, {pages.run_link('cpu-ref')})") in answer
 
 
+def test_an_unsealed_gpu_reference_is_not_shown_as_the_cpu_run(tmp_path):
+    results = tmp_path / "results"
+    train_run(results, "gpu-ref", gpus=1, ranks=1, crossing=(0, 0, 0))
+    (results / "gpu-ref" / evidence.SUMS_NAME).unlink()  # interrupted before it was sealed
+    (results / "REFERENCE").write_text("gpu-ref\n")
+    assert figures.training_summary(catalog(results)).empty
+
+
 def test_no_run_of_07_says_not_measured_and_draws_nothing(tmp_path):
     results = tmp_path / "results"
     train_run(results, "cpu-not-reference")

@@ -17,7 +17,7 @@ from lib.core import evidence
 from lib.engines import vllm_logs
 from lib.measure import bounds, published
 from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
-from lib.publish.catalog import Run
+from lib.publish.catalog import REFERENCE_FILE, Run, host_facts
 
 KERNEL_SERIES = {  # test_ep.json's columns -> the series a reader sees
     "test_ep D+C p50 (us)": "DeepEP test_ep",
@@ -257,8 +257,6 @@ TRAINING_COLUMNS = ["run", "hardware", "ep", "steps", "first_loss", "last_loss",
 
 
 def _is_reference(run: Run) -> bool:
-    from lib.publish.catalog import REFERENCE_FILE
-
     listing = run.path.parent / REFERENCE_FILE
     return listing.exists() and listing.read_text(encoding="utf-8").strip() == run.run_id
 
@@ -274,6 +272,7 @@ def training_level(run: Run) -> str | None:
     if run.feeds_results:
         return run.level
     cpu_reference = (_is_reference(run) and run.context == "local" and not run.record.get("level")
+                     and not host_facts(run.path).get("gpus")
                      and not run.seal.startswith("tampered"))
     return CPU_TRAINING if cpu_reference else None
 

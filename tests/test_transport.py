@@ -24,6 +24,9 @@ EFA_EXACT = {
     "EP_EFA_RDMA_GBS": "25.0",
     "EP_REUSE_NCCL_COMM": "0",
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+    # ElasticBuffer's timeouts, read by the guide's vLLM patch 0002 (600 s, as R injected)
+    "DEEPEP_V2_GPU_TIMEOUT_S": "600",
+    "DEEPEP_V2_CPU_TIMEOUT_S": "600",
 }
 
 
@@ -88,7 +91,9 @@ def test_unset_vars():
     intra = unset_vars("intranode_nvlink")
     assert intra[0] == "NVSHMEM_IB_ENABLE_IBGDA"
     # Every EFA-only variable is removed, so an image ENV cannot leak GIN/plugin settings in.
-    assert set(intra[1:]) == set(EFA_EXACT) - {"EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
+    # (the type-5 contract's one variable of its own too)
+    assert set(intra[1:]) == (set(EFA_EXACT) | {"NCCL_SYM_GIN_KERNELS_ENABLE"}) - {
+        "EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
     for name in TRANSPORTS:
         assert not set(unset_vars(name)) & set(transport_env(name, nccl_site=SITE))
 
@@ -108,7 +113,7 @@ def test_apply_transport_removes_and_sets():
 
 def test_unknown_transport_names_the_allowed_values():
     for call in (lambda: transport_env("ib"), lambda: unset_vars("ib"), lambda: contract("ib")):
-        with pytest.raises(ValueError, match="efa, intranode_nvlink"):
+        with pytest.raises(ValueError, match="efa, efa_gin_type5, intranode_nvlink"):
             call()
 
 

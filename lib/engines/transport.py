@@ -1,12 +1,17 @@
 """The transport's environment contracts, defined once.
 
-Two named contracts, and nothing else in the guide spells these variables out:
+Three named contracts, and nothing else in the guide spells these variables out:
 
 - ``efa``: DeepEP V2's ``ElasticBuffer`` over NCCL GIN type 2 (the CPU proxy) through the
   aws-ofi-nccl plugin on AWS EFA. The set is the public reproductions' common serve env
   (../shared/reference/ANCHORS.md section 1.4, "Common env (R README section 2)") minus what the
   final public review dropped as read by nothing at its pins (``DROPPED_BY_REVIEW``), plus what
   that review and the canonical benchmark added (``EP_REUSE_NCCL_COMM``, ``NCCL_SOCKET_IFNAME``).
+- ``efa_gin_type5``: the same over NCCL GIN type 5, the GPU-initiated EFA path ("EFA-GDA": the
+  kernel drives the NIC, no CPU proxy), as AWS's merged DeepEP V2 benchmark runs it
+  (awslabs/awsome-distributed-ai #1234, 2026-08-21; #1239; ANCHORS 7): ``efa``'s variables with
+  ``NCCL_GIN_TYPE=5`` and ``NCCL_SYM_GIN_KERNELS_ENABLE=0``. It needs a stack ``efa`` does not
+  (``GIN_TYPE5_FLOOR``), which ``check_pin_set`` holds against the chosen pin set.
 - ``intranode_nvlink``: the same software on one machine's NVLink with GIN off, as measured on
   two H200s (../shared/reference/TOOLCHAIN.md, "DeepEP V2 itself on two H200s, and vLLM's
   deepep_v2 backend"). The transport is the only difference between the two.
@@ -20,13 +25,16 @@ Anchors named below: R = antonai-work/deepep-v2-efa-repro, V = antonai-work/vllm
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from lib.core.errors import ParameterError
 
-TRANSPORTS = ("efa", "intranode_nvlink")
+TRANSPORTS = ("efa", "efa_gin_type5", "intranode_nvlink")
+# the contracts whose traffic crosses nodes over EFA (the provider gate, the D+C contract apply)
+EFA_TRANSPORTS = ("efa", "efa_gin_type5")
 
 # Where the EFA installer (1.50.0, bundling aws-ofi-nccl 1.21.1) puts the GIN-capable plugin;
 # docker/Dockerfile checks this file exports ncclGinPlugin_v14 (ANCHORS 1.2, the review).
@@ -98,6 +106,83 @@ EFA: tuple[EnvVar, ...] = (
            "ANCHORS 4 (align with the canonical deepep-v2-benchmark); 1.3 (the review sets it)"),
 )
 
+# --- DeepEP V2's ElasticBuffer timeouts, through this guide's vLLM patch ----------------------
+# ElasticBuffer takes num_cpu_timeout_secs=300, num_gpu_timeout_secs=100 as constructor
+# arguments and reads no environment variable for them (deep_ep/buffers/elastic.py at
+# deepseek-ai/DeepEP 0297fc8, the version stored here; the pinned b306af06 / dd758ca are not
+# stored, so this was read at 0297fc8). vLLM 0.24.0 passes neither
+# (DeepEPV2All2AllManager._make_all2all_kwargs, vllm/distributed/device_communicators/all2all.py
+# in the PyPI wheel, read here 2026-12-04), and the public reproduction found the 100 s GPU
+# default loses to first-dispatch JIT skew across 16 ranks: it injected 600 s through a .pth hook
+# (ANCHORS 1.4, 4). This guide's patch patches/0002-vllm-deepep-v2-elastic-buffer-timeouts.patch
+# (pins.yaml vllm_patch_deepep_v2_timeouts) passes both from these variables and logs them once
+# per rank; unset, it passes the same 600 s.
+ELASTIC_TIMEOUT_S = 600
+GPU_TIMEOUT_VAR = "DEEPEP_V2_GPU_TIMEOUT_S"
+CPU_TIMEOUT_VAR = "DEEPEP_V2_CPU_TIMEOUT_S"
+_TIMEOUTS: tuple[EnvVar, ...] = (
+    EnvVar(GPU_TIMEOUT_VAR, str(ELASTIC_TIMEOUT_S),
+           "ElasticBuffer's GPU-side timeout (its default 100 s loses to the first dispatch's "
+           "JIT skew across 16 ranks); read by this guide's vLLM patch 0002",
+           "ANCHORS 1.4 (R's .pth hook: num_gpu_timeout_secs=600), 4; DeepEP elastic.py 0297fc8"),
+    EnvVar(CPU_TIMEOUT_VAR, str(ELASTIC_TIMEOUT_S),
+           "ElasticBuffer's CPU-side timeout (default 300 s), raised with the GPU one as R did; "
+           "read by this guide's vLLM patch 0002",
+           "ANCHORS 1.4 (R's .pth hook: num_cpu_timeout_secs=600); DeepEP elastic.py 0297fc8"),
+)
+EFA = EFA + _TIMEOUTS
+
+# --- EFA: GIN type 5, the GPU-initiated path ------------------------------------------------
+# The two settings, from the plugin's own guide (aws/aws-ofi-nccl doc/gin-getting-started.md at
+# ccf5264, "EFA-GDA ... Setup": "Enable EFA-GDA explicitly; otherwise NCCL 2.31 defaults to proxy
+# for EFA" and "Disable symmetric GIN kernels ... not currently supported for EFA-GDA") and AWS's
+# merged benchmark (awsome-distributed-ai #1234, 2026-08-21). Without both, a public benchmark
+# measured decode 2.2x slower at 2 nodes and 5.4x at 4 (whn09/ep-benchmarks-efa, 2026-08-21,
+# 2x p5en; ANCHORS 7). Not carried over from #1234: LD_PRELOAD of NCCL (this image re-pins NCCL
+# where torch loads it, as for type 2), TORCHDYNAMO_DISABLE (a test_ep launcher setting, not the
+# transport's), NCCL_TUNER_PLUGIN=ofi (its Kubernetes MPIJob's, set for type 2 by nothing here).
+_TYPE5_CHANGES: tuple[EnvVar, ...] = (
+    EnvVar("NCCL_GIN_TYPE", "5",
+           "GIN type 5 = EFA-GDA, the GPU-initiated backend (the plugin's Libfabric_GDAKI); NCCL "
+           "2.31 picks the CPU proxy (type 2) for EFA unless asked",
+           "aws/aws-ofi-nccl doc/gin-getting-started.md @ccf5264; awsome-distributed-ai #1234"),
+    EnvVar("NCCL_SYM_GIN_KERNELS_ENABLE", "0",
+           "NCCL's symmetric-memory GIN kernels need strong signals, which EFA-GDA does not "
+           "support; always paired with NCCL_GIN_TYPE=5",
+           "aws/aws-ofi-nccl doc/gin-getting-started.md @ccf5264 ('Limitations', 'Setup'); "
+           "awsome-distributed-ai #1234; whn09/ep-benchmarks-efa (2.2x / 5.4x decode without)"),
+)
+EFA_GIN_TYPE5: tuple[EnvVar, ...] = tuple(
+    next((c for c in _TYPE5_CHANGES if c.name == v.name), v) for v in EFA) + tuple(
+    c for c in _TYPE5_CHANGES if c.name not in {v.name for v in EFA})
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What a contract needs of the stack: the pin whose version must reach ``minimum``."""
+    pin: str
+    minimum: tuple[int, ...]
+    why: str
+
+
+# From the plugin's guide (doc/gin-getting-started.md @ccf5264: "NCCL 2.31.2-1 or later"; EFA-GDA
+# "provided by AWS EFA installer 1.50.0 or later") and AWS's benchmark (#1234: NCCL >= 2.31, EFA
+# installer >= 1.50). Below 2.31 the plugin loads and then "Cannot get backend version for invalid
+# GIN type 5" (a public type-5 campaign's log, quoted in book/troubleshooting.md).
+GIN_TYPE5_FLOOR: tuple[Floor, ...] = (
+    Floor("nccl", (2, 31), "NCCL >= 2.31 (the first with GIN type 5 for EFA)"),
+    Floor("efa_installer", (1, 50), "EFA installer >= 1.50 (libfabric 2.6.0, rdma-core 64.0amzn0, "
+                                    "efa driver 3.3.0, aws-ofi-nccl 1.21)"),
+)
+# Node facts the pins cannot say: the efa kernel driver the host loaded and gdrdrv (00 gates
+# gdrdrv >= 2.5); listed so the book and a SKIP can name them.
+GIN_TYPE5_NODE_NEEDS = ("efa kernel driver >= 3.3.0 (installer 1.50 installs it on the host)",
+                        "gdrdrv loaded (GDRCopy 2.5 or later)",
+                        "the NVIDIA driver with PeerMappingOverride=1 "
+                        "(aws-ofi-nccl doc/gin-getting-started.md)")
+_FLOORS: dict[str, tuple[Floor, ...]] = {"efa_gin_type5": GIN_TYPE5_FLOOR}
+
+
 # Read by nothing at the review's pins, so the review dropped them; never set here.
 DROPPED_BY_REVIEW: dict[str, str] = {
     "OFI_NCCL_GIN_GDAKI": "R set 0; read by nothing at the review's pins (ANCHORS 1.4)",
@@ -132,7 +217,39 @@ INTRANODE_NVLINK: tuple[EnvVar, ...] = (
            "TOOLCHAIN 'The H200 GPU machines'"),
 )
 
-_CONTRACTS = {"efa": EFA, "intranode_nvlink": INTRANODE_NVLINK}
+_CONTRACTS = {"efa": EFA, "efa_gin_type5": EFA_GIN_TYPE5, "intranode_nvlink": INTRANODE_NVLINK}
+
+
+def over_efa(name: str) -> bool:
+    """Whether contract ``name`` crosses nodes over EFA (either GIN type)."""
+    return _check_name(name) in EFA_TRANSPORTS
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
+
+
+def floor_problems(name: str, pins: Mapping[str, Mapping]) -> list[str]:
+    """What the pins (one set's, lib.roots.pins.set_pins) lack for contract ``name``: one line
+    per floor not reached, naming the pin, its version and the minimum ([] when none)."""
+    problems = []
+    for floor in _FLOORS.get(_check_name(name), ()):
+        pin = pins.get(floor.pin) or {}
+        version = pin.get("version")
+        if version is None or _version(version) < floor.minimum:
+            problems.append(f"{floor.pin} {version or 'unpinned'} < "
+                            f"{'.'.join(map(str, floor.minimum))} ({floor.why})")
+    return problems
+
+
+def check_pin_set(name: str, pin_set: str, pins: Mapping[str, Mapping]) -> None:
+    """Refuse contract ``name`` on pin set ``pin_set`` (its pins ``pins``) below its floor."""
+    problems = floor_problems(name, pins)
+    if problems:
+        raise ParameterError("transport", name,
+                             f"a transport pin set {pin_set!r} can carry: {'; '.join(problems)}; "
+                             f"choose -p transport efa (GIN type 2) or a pin_set whose NCCL is "
+                             ">= 2.31 and EFA installer >= 1.50")
 
 
 def _check_name(name: str) -> str:
@@ -180,20 +297,21 @@ def deepep_pythonpath(nccl_site: str | Path, deepep_dir: str | Path,
 
 def transport_env(name: str, *, nccl_site: str | Path | None = None,
                   plugin_path: str = DEFAULT_PLUGIN_PATH) -> dict[str, str]:
-    """The variables to set for transport ``name`` ('efa' or 'intranode_nvlink').
+    """The variables to set for transport ``name`` (one of TRANSPORTS).
 
     ``intranode_nvlink`` takes ``nccl_site`` (its LD_PRELOAD is computed from it; without one,
     no preload: the serve then runs on torch's NCCL, which DeepEP cannot). On ``efa`` the
     image re-pins NCCL 2.30.4 where torch loads it, so no preload is needed; a given
     ``nccl_site`` adds the same LD_PRELOAD there too (a machine whose torch carries its own NCCL).
-    ``plugin_path`` is the aws-ofi-nccl plugin (efa only).
+    ``plugin_path`` is the aws-ofi-nccl plugin (the EFA contracts only).
     """
     _check_name(name)
-    if name == "efa":
+    if name in EFA_TRANSPORTS:
         if not plugin_path or not str(plugin_path).strip():
             raise ParameterError("plugin_path", plugin_path,
                                  "the path of the aws-ofi-nccl plugin (libnccl-net-ofi.so)")
-        env = {v.name: (str(plugin_path) if v.value == _PLUGIN else v.value) for v in EFA}
+        env = {v.name: (str(plugin_path) if v.value == _PLUGIN else v.value)
+               for v in _CONTRACTS[name]}
         if nccl_site is not None:
             env["LD_PRELOAD"] = nccl_preload(nccl_site)
         return env
@@ -211,11 +329,11 @@ def unset_vars(name: str) -> tuple[str, ...]:
     image whose ENV carries the EFA contract runs intranode exactly as measured (none of them set).
     """
     _check_name(name)
-    if name == "efa":
+    if name in EFA_TRANSPORTS:
         return UNSET_ALWAYS
     intranode = {v.name for v in INTRANODE_NVLINK}
-    efa_only = tuple(v.name for v in EFA if v.name not in intranode)
-    return UNSET_ALWAYS + efa_only
+    efa_only = dict.fromkeys(v.name for v in EFA + EFA_GIN_TYPE5 if v.name not in intranode)
+    return UNSET_ALWAYS + tuple(efa_only)
 
 
 def apply_transport(base: Mapping[str, str], name: str, *, nccl_site: str | Path | None = None,

@@ -152,8 +152,12 @@ class Place:
     plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
-    # the transport contract of lib.engines.transport its GPU processes get
-    transport = "efa"
+    # the transport contract of lib.engines.transport its GPU processes get: the stage's
+    # `transport` (lib.stages.registry: efa on a cluster by default, efa_gin_type5 where the pin
+    # set reaches its floor); the local place has one of its own (intranode_nvlink)
+    @property
+    def transport(self) -> str:
+        return (getattr(self.stage, "params", None) or {}).get("transport") or "efa"
     # the interpreter a rank's or a server's process runs (the image's on a cluster)
     python = "python3"
     # whether a file a rank writes lands where this machine reads it (the stage's folder):

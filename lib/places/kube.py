@@ -358,7 +358,8 @@ class KubePlace(Place):
             model_cache_dir=cache, model=spec.model["model_dir"],
             model_revision=p["model_revision"], backend=spec.backend,
             ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
-            hf_token_secret=p["hf_token_secret"] or None, engine=spec.engine)
+            hf_token_secret=p["hf_token_secret"] or None, engine=spec.engine,
+            transport=self.transport)
         gpus = int(p["gpus_per_node"])
         server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                             stage.path("pods", f"{name}-0.log"), device="cuda", place=self,

@@ -69,7 +69,7 @@ class SlurmPlace(SlurmServing, Place):
     what = "the slurm place (Slurm through sbatch/srun)"
     engines = ("transformers", "vllm", "sglang", "trtllm")
     gin = True  # p5en nodes: EFA, DeepEP's GIN on
-    transport = "efa"  # lib.engines.transport's contract for the nodes' GPU processes
+    # the nodes' GPU processes get the stage's transport contract (Place.transport: EFA)
     shares_files = True  # the run's folder is on the nodes' shared file system (see above)
 
     def __init__(self, stage):

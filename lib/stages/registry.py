@@ -23,6 +23,7 @@ from lib.core.params import (COMMIT, Params, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_
                              Param, checked, dns_label)
 from lib.engines import catalog
 from lib.engines import megatron
+from lib.engines import transport as transport_mod
 from lib.engines.model_facts import check_ep_divides
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
@@ -171,6 +172,14 @@ _PARAMS = [
           "kube and slurm: how long pods or an allocation may wait to be scheduled and start"),
     Param("job_timeout_s", _seconds(), {"*": 3600.0},
           "kube and slurm: how long a one-shot job (test_ep, AIPerf, a probe) may run"),
+    Param("transport", OneOf(transport_mod.TRANSPORTS),
+          {"local": "intranode_nvlink", **_cluster("efa")},
+          "the transport contract of the GPU processes (lib.engines.transport): efa = NCCL GIN "
+          "type 2, the CPU proxy over EFA (the published runs); efa_gin_type5 = GIN type 5, "
+          "the GPU-initiated EFA path AWS's benchmark runs (needs a pin set with NCCL >= 2.31 "
+          "and EFA installer >= 1.50); intranode_nvlink = one machine's NVLink with GIN off",
+          together="intranode_nvlink on the local context, efa or efa_gin_type5 on a cluster; "
+                   "efa_gin_type5 only with a pin set that reaches its floor"),
     Param("keep", Flag(), {"*": False},
           "kube and slurm: leave the serve up for the next stage (else every object or job of "
           "the run is deleted when the stage ends)"),
@@ -315,6 +324,9 @@ TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",
           "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
+# the stages whose GPU processes run over a transport contract (03's ranks, 04-06's serves, 07's
+# training): `transport` picks it; 00 and 02 run none over one
+TRANSPORT = ("transport",)
 TRAIN = ("ranks", "train_steps", "train_layers", "train_hidden", "train_ffn_hidden",
          "train_heads", "train_experts", "train_topk", "train_vocab", "train_seq_len",
          "train_micro_batch", "train_lr", "train_dispatcher")
@@ -342,17 +354,17 @@ SPECS = {s.name: s for s in (
     StageSpec("03_kernel_test", "kernel", "Kernel test: does the all-to-all work, and how fast?",
               "the all-to-all works and how fast: dispatch/combine with correctness checked, "
               "p50/p99, beside the bare all-to-all floor",
-              _unique(COMMON, PLACE, KERNEL, DEEPEP), ("00_cluster",)),
+              _unique(COMMON, PLACE, TRANSPORT, KERNEL, DEEPEP), ("00_cluster",)),
     StageSpec("04_serve", "serve", "Serve: does an MoE model answer over this transport?",
               "an MoE model serves: ready, lists the model, is an MoE, answers chat with usage; "
               "with vLLM, its logs prove the all-to-all backend, the EP split, eager or graphs, "
               "and every rank's NCCL init",
-              _unique(COMMON, PLACE, SERVE), ("00_cluster",)),
+              _unique(COMMON, PLACE, TRANSPORT, SERVE), ("00_cluster",)),
     StageSpec("05_sweep", "sweep", "Sweep: how fast does it serve?",
               "how fast it serves: AIPerf per concurrency x repeat, at least 5 requests per "
               "concurrency slot, warmup excluded, every cell gated (with vLLM also by its own "
               "token counter); with `ab_backends`, the backend A/B",
-              _unique(COMMON, PLACE, SERVE, TRAFFIC, ("repeats", "ab_backends",
+              _unique(COMMON, PLACE, TRANSPORT, SERVE, TRAFFIC, ("repeats", "ab_backends",
                                                       "prefill_input_tokens",
                                                       "prefill_output_tokens", "answer_prompts")),
               ("00_cluster", "04_serve")),
@@ -361,7 +373,8 @@ SPECS = {s.name: s for s in (
               "the levers as interleaved A/Bs with repeats and a ratio with its bootstrap "
               "interval: EP_NUM_COMMS 1 vs 8 (a cluster; on CPU the benchmark's K "
               "communicators); with vLLM on one host, eager vs CUDA graphs and EP vs no EP",
-              _unique(COMMON, PLACE, KERNEL, ("arm_a_comms", "arm_b_comms", "ab_repeats"), SERVE,
+              _unique(COMMON, PLACE, TRANSPORT, KERNEL, ("arm_a_comms", "arm_b_comms",
+                                                         "ab_repeats"), SERVE,
                       TRAFFIC, ("answer_prompts",)),
               ("00_cluster", "03_kernel_test"), reads_when_serving=("00_cluster", "04_serve")),
     StageSpec("07_train", "train", "Train: do a training step's tokens cross ranks and back?",
@@ -369,7 +382,7 @@ SPECS = {s.name: s for s in (
               "0, loss finite and falling, grad norm finite, tokens crossing ranks counted per "
               "step from the dispatcher, the dispatcher asked is the one that ran; on CPU the "
               "same seed twice gives the same losses",
-              _unique(COMMON, PLACE, TRAIN), ("00_cluster",)),
+              _unique(COMMON, PLACE, TRANSPORT, TRAIN), ("00_cluster",)),
 )}
 STAGES = tuple(SPECS)
 STAGE_PARAMS: dict[str, tuple[str, ...]] = {name: spec.params for name, spec in SPECS.items()}
@@ -481,9 +494,28 @@ def _check_together(p: dict[str, Any]) -> None:
         raise ParameterError("ab_backends", p["ab_backends"],
                              "'' with engine 'transformers' (it has no all-to-all backend)")
     _check_training(p, ranks)
+    _check_transport(p, one_machine)
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")
+
+
+def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
+    """The transport a place can carry: one machine has NVLink and no EFA; a cluster's nodes
+    talk over EFA; GIN type 5 needs a pin set at or above its floor (transport.check_pin_set)."""
+    name = p.get("transport")
+    if name is None:
+        return
+    if one_machine and name != "intranode_nvlink":
+        raise ParameterError("transport", name, "intranode_nvlink on the local context (one "
+                                                "machine's NVLink, GIN off); efa and "
+                                                "efa_gin_type5 cross nodes over EFA: a cluster "
+                                                "(kube, slurm, or plan for one)")
+    if not one_machine and "context" in p and not transport_mod.over_efa(name):
+        raise ParameterError("transport", name, "efa or efa_gin_type5 on a cluster place (its "
+                                                "nodes talk over EFA)")
+    if p.get("pin_set"):
+        transport_mod.check_pin_set(name, p["pin_set"], pins_mod.set_pins(_PINS, p["pin_set"]))
 
 
 def _check_training(p: dict[str, Any], ranks: int | None) -> None:

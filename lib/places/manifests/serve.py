@@ -134,7 +134,8 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
                     nodes: int, gpus: int, address: str, rpc_port: int, port: int,
                     enforce_eager: bool, max_model_len: int | None,
                     gpu_memory_utilization: float | None, ep_num_comms: int, plugin_path: str,
-                    num_experts: int | None, python: str | None) -> EngineCommands:
+                    num_experts: int | None, python: str | None,
+                    transport: str = "efa") -> EngineCommands:
     """What the engine the stage names runs on each node (lib.engines.base's protocol: 0 the
     leader, k > 0 a worker starting at rank k x gpus), the environment every node shares, and
     the regex of its serving process. The package names no engine flag: the engine does."""
@@ -147,7 +148,7 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
             model=model, role="leader" if ordinal == 0 else "worker", nodes=nodes,
             gpus_per_node=gpus, start_rank=ordinal * gpus, backend=backend,
             enforce_eager=enforce_eager, ep_num_comms=ep_num_comms, port=port,
-            rendezvous=address, rpc_port=rpc_port, revision=model_revision, transport="efa",
+            rendezvous=address, rpc_port=rpc_port, revision=model_revision, transport=transport,
             python=python, plugin_path=plugin_path, num_experts=num_experts,
             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
         argv, env = serving.command(spec)
@@ -170,7 +171,8 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
                  hugepages_2mi: str | None = HUGEPAGES_2MI, cpu: str | None = None,
                  memory: str | None = None, tolerations: Sequence[Mapping[str, Any]] | None = None,
                  plugin_path: str = DEFAULT_PLUGIN_PATH, rpc_port: int = DP_RPC_PORT,
-                 port: int = HTTP_PORT, engine: str = "vllm") -> ServeRender:
+                 port: int = HTTP_PORT, engine: str = "vllm",
+                 transport: str = "efa") -> ServeRender:
     """Every parameter of a serve rendering (as vllm_objects lists them), checked once, with
     each node's argv and env (engine_commands)."""
     nodes = _positive("nodes", nodes)
@@ -190,7 +192,8 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         address=rendezvous_host(name, namespace), rpc_port=rpc_port, port=port,
         enforce_eager=enforce_eager, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, ep_num_comms=ep_num_comms,
-        plugin_path=plugin_path, num_experts=routed_experts(model), python=python)
+        plugin_path=plugin_path, num_experts=routed_experts(model), python=python,
+        transport=transport)
     env = dict(commands.env)
     _no_token_values("env", env)
     env["HF_HOME"] = MODEL_CACHE_PATH
@@ -200,7 +203,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         nodes=nodes, gpus=gpus, efa=efa, instance_type=instance_type, model=model,
         model_revision=model_revision, model_cache_dir=model_cache_dir, secret=secret,
         backend=backend, engine=engine, argvs=commands.argvs, env=MappingProxyType(env),
-        process_regex=commands.process_regex, unset=tuple(unset_vars("efa")), port=port,
+        process_regex=commands.process_regex, unset=tuple(unset_vars(transport)), port=port,
         rpc_port=rpc_port, hugepages=hugepages_2mi, cpu=cpu, memory=memory,
         tolerations=None if tolerations is None else tuple(tolerations),
         privileged=backend.startswith("deepep"))

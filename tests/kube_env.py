@@ -232,3 +232,41 @@ def model_config(recorded: Path, *, experts: int, top_k: int) -> dict:
     config = json.loads(recorded.read_text())
     config.update(num_experts=experts, num_experts_per_tok=top_k)
     return config
+
+
+# ---- faults (tests/test_kube_faults.py) --------------------------------------------------------
+def pull_failure_message(image: str) -> str:
+    """What the kubelet puts in a container's waiting message when containerd finds no such
+    image at the registry, in its real form (recorded in cloudnative-pg/cloudnative-pg#2265 and
+    sympozium-ai/sympozium#5: 'Failed to pull image "X": rpc error: code = NotFound desc =
+    failed to pull and unpack image "X": failed to resolve reference "X": X: not found')."""
+    return (f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull '
+            f'and unpack image "{image}": failed to resolve reference "{image}": {image}: '
+            "not found")
+
+
+def image_cannot_be_pulled(env: KubeEnv, pods: str, image: str, backoff_after: float = 10.0) -> str:
+    """The pods matching `pods` never start: their container waits ErrImagePull with the
+    registry's message, then (after `backoff_after` s) ImagePullBackOff with the kubelet's
+    'Back-off pulling image "X"' (Shopify/krane#124, awslabs/benchmark-ai#843), Pending
+    throughout. Returns the ErrImagePull message."""
+    message = pull_failure_message(image)
+    env.double.add_script(Script(pods, {"*": Container(image_id=IMAGE_ID)}, running_after=None,
+                                 waiting_turns=[(0.0, "ErrImagePull", message),
+                                                (backoff_after, "ImagePullBackOff",
+                                                 f'Back-off pulling image "{image}"')]))
+    return message
+
+
+def on_request(env: KubeEnv, name: str, path: str, action) -> None:
+    """The leader `<name>-0`'s answer to the request for `path` (a kube serve's exec, as
+    KubeEnv.serve scripted it) calls `action()` first: a fault at that point of the stage."""
+    import dataclasses
+
+    container = env.double.script_for(f"{name}-0").container("*")
+    for key, answer in list(container.execs.items()):
+        if len(key) > 4 and key[4].endswith(path):
+            container.execs[key] = dataclasses.replace(answer, then=action)
+            return
+    raise KeyError(f"{name}-0 answers no request for {path}")
+

@@ -45,7 +45,7 @@ import ssl
 import tempfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 try:  # tests/ on sys.path (pytest's default rootdir-less import mode)
     from kubeplane import Api, ApiError, KubePlane, free_port, make_serving_cert
@@ -60,10 +60,13 @@ CH_STDOUT, CH_STDERR, CH_STATUS = 1, 2, 3
 # ---- the script ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Exec:
-    """What `kubectl exec` of one argv answers."""
+    """What `kubectl exec` of one argv answers. `then`: called (no arguments) as the request
+    arrives, before the answer is sent: a fault the test makes happen at that point of a stage
+    (KubeletDouble.end_now, evict, lose_node), so the stage's next call sees it."""
     stdout: str | bytes = ""
     exit_code: int = 0
     stderr: str | bytes = ""
+    then: Callable[[], None] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -114,6 +117,10 @@ class Script:
     waiting_reason: str | None = None
     image_id: str | None = None
     pod_ips: str | None = None
+    # with running_after None: (seconds after first sight, waiting reason, its message), each
+    # posted once when due, the pod Pending throughout (an image pull: ErrImagePull, then
+    # ImagePullBackOff, as the kubelet alternates them)
+    waiting_turns: Sequence[tuple[float, str, str | None]] = ()
 
     def matches(self, name: str) -> bool:
         return name == self.pod or fnmatch.fnmatchcase(name, self.pod)
@@ -147,6 +154,10 @@ class PodState:
     pod_ip: str = "127.0.0.1"
     waiting_posted: bool = False
     gone: bool = False
+    waiting_turn: int = -1                     # the last of Script.waiting_turns posted
+    waiting_now: tuple[str, str | None] | None = None
+    frozen: bool = False                       # a fault set its status: the script stops
+    fault: dict = field(default_factory=dict)  # what end_now / evict / lose_node set
 
     def terminated(self) -> bool:
         return self.finished_at is not None or self.gone
@@ -321,10 +332,17 @@ class KubeletDouble:
     def _advance(self, st: PodState, pod: dict, now: float, wall: float) -> None:
         sc = st.script
         assert sc is not None
-        if st.finished_at is not None:
+        if st.finished_at is not None or st.frozen:
             return
         changed = False
         if st.running_at is None:
+            if sc.running_after is None and sc.waiting_turns:
+                due = [k for k, turn in enumerate(sc.waiting_turns) if now - st.seen >= turn[0]]
+                if due and due[-1] > st.waiting_turn:
+                    st.waiting_turn = due[-1]
+                    st.waiting_now = tuple(sc.waiting_turns[due[-1]][1:])
+                    self._patch(st, pod, "Pending")
+                return
             if sc.running_after is None or now - st.seen < sc.running_after:
                 if sc.running_after is None and sc.waiting_reason and not st.waiting_posted:
                     st.waiting_posted = True
@@ -360,15 +378,27 @@ class KubeletDouble:
             s: dict[str, Any] = {"name": c["name"], "image": image, "imageID": image_id,
                                  "containerID": f"containerd://{_hex(st.uid, c['name'])}",
                                  "ready": st.ready, "restartCount": 0, "started": phase == "Running"}
+            fault = st.fault
             if phase == "Pending":
-                s["state"] = {"waiting": {"reason": sc.waiting_reason or "ContainerCreating"}}
+                reason, message = st.waiting_now or (sc.waiting_reason or "ContainerCreating", None)
+                s["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
                 s["imageID"] = ""
                 del s["containerID"]
+            elif phase == "Running" and fault.get("restarted"):  # restartPolicy Always, after an exit
+                s["restartCount"] = 1
+                s["lastState"] = {"terminated": {
+                    "exitCode": fault["exit_code"], "reason": fault["reason"], "startedAt": started,
+                    "finishedAt": _ts(fault["at"]), "containerID": s["containerID"]}}
+                s["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": (
+                    f"back-off 10s restarting failed container={c['name']} "
+                    f"pod={st.name}_{st.namespace}({st.uid})")}}
+                s["started"] = False
             elif phase == "Running":
                 s["state"] = {"running": {"startedAt": started}}
             else:
-                code = cs.exit_code
-                s["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                code = fault.get("exit_code", cs.exit_code)
+                s["state"] = {"terminated": {"exitCode": code, "reason": fault.get("reason") or (
+                                                 "Completed" if code == 0 else "Error"),
                                              "startedAt": started, "finishedAt": _ts(st.finished_wall or time.time()),
                                              "containerID": s["containerID"]}}
             statuses.append(s)
@@ -390,6 +420,8 @@ class KubeletDouble:
         if phase != "Pending":
             status["podIP"] = st.pod_ip
             status["podIPs"] = [{"ip": st.pod_ip}]
+        if st.fault.get("pod_reason"):  # the kubelet's eviction: the pod's own reason and message
+            status["reason"], status["message"] = st.fault["pod_reason"], st.fault["pod_message"]
         try:
             self._api.patch(f"/api/v1/namespaces/{st.namespace}/pods/{st.name}/status",
                             {"status": status}, kind="strategic")
@@ -554,6 +586,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         assert st.script is not None
         ans = st.script.container(container).answer(argv)
+        if ans is not None and ans.then is not None:
+            ans.then()  # the fault happens as this request arrives
         if ans is None:
             ans = Exec(stderr=f"kubelet double: no scripted answer for {argv!r} in {st.name}/{container}\n",
                        exit_code=127)
@@ -605,3 +639,87 @@ class _Handler(BaseHTTPRequestHandler):
                     return
         except (OSError, struct.error):
             return
+
+
+# ---- faults a node meets, made to happen by a test (appended behaviours) ----------------------
+def _fault_pod(double: KubeletDouble, namespace: str, name: str) -> tuple[PodState, dict]:
+    st = double.find(namespace, name)
+    if st is None or st.script is None:
+        raise RuntimeError(f"the kubelet double plays no scripted pod {namespace}/{name}")
+    return st, double._api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+def end_now(double: KubeletDouble, namespace: str, name: str, *, exit_code: int, reason: str,
+            restarted: bool = False) -> None:
+    """The pod's containers end now with `exit_code` and the terminated `reason` the kubelet
+    reads from the runtime (OOMKilled: the kernel's OOM killer, exit 137 = 128 + SIGKILL).
+    restarted: as a pod with restartPolicy Always (a StatefulSet's) shows it next: Running,
+    not Ready, the exit in lastState, restartCount 1, waiting CrashLoopBackOff (its
+    message in the kubelet's "back-off 10s restarting failed container=... pod=..." form);
+    else the pod ends Failed with the exit in state.terminated."""
+    st, pod = _fault_pod(double, namespace, name)
+    st.frozen, st.ready = True, False
+    st.fault = {"exit_code": exit_code, "reason": reason, "restarted": restarted, "at": time.time()}
+    if not restarted:
+        st.finished_at, st.finished_wall, st.phase = time.monotonic(), time.time(), "Failed"
+    double._patch(st, pod, "Running" if restarted else "Failed")
+
+
+def evict(double: KubeletDouble, namespace: str, name: str, *, resource: str = "memory",
+          usage: str, request: str) -> str:
+    """The kubelet's eviction of the pod under node pressure: phase Failed, reason Evicted, the
+    message in the eviction manager's form (pkg/kubelet/eviction: "The node was low on resource:
+    memory. Container X was using 35505620Ki, which exceeds its request of 12Gi. ", as recorded
+    in amygdala-labs/cosmos-operator#185 and kubernetes/kubernetes#112927), its containers
+    killed (exit 137). Returns the message."""
+    st, pod = _fault_pod(double, namespace, name)
+    message = f"The node was low on resource: {resource}. " + "".join(
+        f"Container {c['name']} was using {usage}, which exceeds its request of {request}. "
+        for c in st.spec["containers"])
+    st.frozen, st.ready = True, False
+    st.finished_at, st.finished_wall, st.phase = time.monotonic(), time.time(), "Failed"
+    st.fault = {"exit_code": 137, "reason": "Error", "pod_reason": "Evicted",
+                "pod_message": message, "at": time.time()}
+    double._patch(st, pod, "Failed")
+    return message
+
+
+NODE_LOST_REASON = "NodeStatusUnknown"
+NODE_LOST_MESSAGE = "Kubelet stopped posting node status."
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+
+
+def lose_node(double: KubeletDouble, node: str) -> None:
+    """The node's kubelet stops posting status, and what the node lifecycle controller then
+    writes (the plane runs without it: tests/kubeplane.py, --controllers=*,-nodelifecycle):
+    every condition Unknown with reason NodeStatusUnknown, "Kubelet stopped posting node
+    status." (kubernetes/kubernetes#36273), the unreachable taints NoSchedule and NoExecute
+    (rancher/rancher#29997), and its pods' Ready condition False (the controller's
+    MarkPodsNotReady); the pods stay bound and Running. Not modelled: the taint manager's
+    eviction after the pods' tolerationSeconds (300 s by DefaultTolerationSeconds); and this
+    double still finalizes a deleted pod of the lost node, which a real cluster leaves
+    Terminating until the node answers or its Node object is deleted."""
+    now = _ts(time.time())
+    got = double._api.get(f"/api/v1/nodes/{node}")
+    conditions = [{**c, "status": "Unknown", "reason": NODE_LOST_REASON,
+                   "message": NODE_LOST_MESSAGE, "lastTransitionTime": now}
+                  for c in (got.get("status") or {}).get("conditions") or []]
+    double._api.patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}},
+                      kind="strategic")
+    double._api.patch(f"/api/v1/nodes/{node}", {"spec": {"taints": [
+        {"key": UNREACHABLE_TAINT, "effect": effect, "timeAdded": now}
+        for effect in ("NoSchedule", "NoExecute")]}}, kind="merge")
+    with double._lock:
+        lost = [st for st in double.pods.values() if st.node == node and st.script is not None
+                and not st.gone and st.running_at is not None]
+    for st in lost:
+        st.frozen, st.ready = True, False
+        pod = double._api.get(f"/api/v1/namespaces/{st.namespace}/pods/{st.name}")
+        double._patch(st, pod, st.phase)
+
+
+def restore_node(double: KubeletDouble, node: str) -> None:
+    """The node back: Ready (the plane's helper), its taints gone."""
+    double._api.patch(f"/api/v1/nodes/{node}", {"spec": {"taints": None}}, kind="merge")
+    double.plane.set_node_ready(node, True)
+

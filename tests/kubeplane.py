@@ -383,7 +383,7 @@ class KubePlane:
 
         wait_until(f"etcd /health on 127.0.0.1:{client}", healthy, self.ready_timeout)
 
-    def _start_apiserver(self, wd: Path) -> None:
+    def _start_apiserver(self, wd: Path, extra_flags: Iterable[str] = ()) -> None:
         pki = wd / "pki"
         proc = self._spawn("kube-apiserver", [
             str(self.bindir / "kube-apiserver"),
@@ -401,7 +401,7 @@ class KubePlane:
             "--allow-privileged=true",
             "--disable-admission-plugins=TaintNodesByCondition",
             "--kubelet-preferred-address-types=InternalIP",
-            "--profiling=false", "--v=1",
+            "--profiling=false", "--v=1", *extra_flags,
         ])
         assert self.api is not None
         api = self.api
@@ -488,6 +488,45 @@ class KubePlane:
                     pass
                 if p.logfile:
                     p.logfile.close()
+
+    def stop_apiserver(self, timeout: float = 10.0) -> float:
+        """Stop the API server alone (TERM, then KILL), etcd, the controllers and the scheduler
+        left running (they reconnect when it is back): kubectl then says "The connection to the
+        server ... was refused". Returns the seconds it took."""
+        t0 = time.monotonic()
+        procs = [p for p in self.procs if p.name == "kube-apiserver"]
+        if not procs:
+            raise PlaneError("no kube-apiserver is running")
+        for p in procs:
+            self.procs.remove(p)
+            _signal_group(p.popen.pid, signal.SIGTERM)
+            try:
+                p.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(p.popen.pid, signal.SIGKILL)
+                p.popen.wait(timeout=5)
+            if p.logfile:
+                p.logfile.close()
+        if self.api is not None:
+            self.api.close()
+        wait_until(f"the API server's port {self.ports['kube-apiserver']} closed",
+                   lambda: (not port_open(self.ports["kube-apiserver"]), None), timeout)
+        return time.monotonic() - t0
+
+    def start_apiserver(self, extra_flags: Iterable[str] = ()) -> float:
+        """Start the API server again on its port, with its certificates and token (and
+        `extra_flags`, e.g. --enable-admission-plugins=PodSecurityPolicy); returns when /readyz
+        is ok: the seconds it took."""
+        assert self.workdir is not None, "the plane is not started"
+        t0 = time.monotonic()
+        self._start_apiserver(self.workdir, extra_flags)
+        return time.monotonic() - t0
+
+    def restart_apiserver(self, down_s: float = 0.0, extra_flags: Iterable[str] = ()) -> dict:
+        """Stop the API server, keep it down `down_s`, start it again: the seconds of each."""
+        stopped = self.stop_apiserver()
+        time.sleep(down_s)
+        return {"stop_s": stopped, "down_s": down_s, "start_s": self.start_apiserver(extra_flags)}
 
     def is_running(self) -> bool:
         return bool(self.procs) and all(p.popen.poll() is None for p in self.procs)

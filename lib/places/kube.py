@@ -9,7 +9,9 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   GPUs, EFA devices, hugepages, readiness, taints), and one short probe pod per node that prints
   what only the node can say (gdrdrv's version, its EFA devices, hugepages) through its log.
 - `run_ranks(job)`: one pod per node behind a headless Service (rank 0 the rendezvous), every
-  pod's exit code and whole log (`kubectl logs`).
+  pod's exit code and whole log (`kubectl logs`); the guide's files the job's processes import
+  (`job.modules`: the image holds no `lib/`) in the job's ConfigMap, mounted into every pod
+  (lib.places.kube_files).
 - `serve(spec)`: the engine as a StatefulSet with a headless Service for rank discovery and a
   Service that selects only the leader for HTTP, or (kube_workload leaderworkerset) as one
   LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
@@ -32,56 +34,32 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from lib.core.door import CallResult, HttpResult
+from lib.core.door import CallResult
 from lib.core.errors import NotScheduled, PlaceError, StreamError, Unsupported
 from lib.core.evidence import gate, skip
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 import lib.places.stream as stream
-from lib.places.base import (ClusterServer, NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
+from lib.places.kube_files import guide_files
+from lib.places.base import (NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              saved_model_config)
 from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
-from lib.places.kube_pods import (exit_code, is_finished, is_ready, node_facts,
-                                  object_name, phase_of, pod_record, probe_facts,
-                                  stage_selector, unschedulable)
+from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
+from lib.places.kube_pods import (PodStuck, exit_code, held_gate, is_finished, is_ready,
+                                  node_facts, object_name, phase_of, pod_record, probe_facts,
+                                  stage_selector, stuck_reason, trouble, unschedulable,
+                                  where_pod)
+from lib.places.kube_retry import SAFE_VERBS, apply_once, run_retrying
 from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
 DELETE_TIMEOUT_S = 300.0
 VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
-
-
-@dataclass
-class KubeServer(ClusterServer):
-    """A serve on the cluster (any engine): `url` is the leader Service's address inside the
-    cluster."""
-    pods: list[str] = field(default_factory=list)
-    service: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.service}:{manifests.HTTP_PORT}"
-
-    def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
-        """From inside the cluster: python3 in the leader pod asks the leader's Service."""
-        body = "" if json_body is None else json.dumps(json_body)
-        call = door.run(self.place.kubectl("exec", self.pods[0], "--", "python3", "-c",
-                                           _REQUEST_SCRIPT, method, self.url + path,
-                                           str(timeout), body),
-                        timeout=timeout + 30, check=False)
-        try:
-            got = json.loads(call.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            got = {"status": None, "body": "", "error": f"kubectl exec exited {call.rc}: "
-                                                        f"{call.stderr.strip()[-300:]}"}
-        return HttpResult(method, self.url + path, got.get("status"), got.get("body") or "",
-                          got.get("error"), call.duration_s, call.seq)
 
 
 class KubePlace(Place):
@@ -102,6 +80,10 @@ class KubePlace(Place):
                 "--namespace", self.namespace, *args]
 
     def _run(self, *args: str, timeout: float = KUBECTL_TIMEOUT_S):
+        """One kubectl call; a read or a delete tried again while the API server does not
+        answer (lib.places.kube_retry says which calls are safe to retry, and why)."""
+        if args and args[0] in SAFE_VERBS:
+            return run_retrying(self.door, self.kubectl(*args), timeout=timeout)
         return self.door.run(self.kubectl(*args), timeout=timeout, check=False)
 
     def _json(self, *args: str) -> dict | None:
@@ -114,7 +96,9 @@ class KubePlace(Place):
     def apply(self, objects: list[dict], name: str) -> str:
         """Write the objects into the stage's manifests/ (the evidence), then apply them."""
         rel = self.stage.write_text(f"manifests/{name}.yaml", manifests.to_yaml(objects))
-        call = self._run("apply", "-f", str(self.stage.run_dir / rel))
+        call = apply_once(self.door, self.kubectl, str(self.stage.run_dir / rel), len(objects),
+                          manifests.run_label_value(self.stage.run_id), self.where(),
+                          timeout=KUBECTL_TIMEOUT_S)
         if not call.ok:
             raise PlaceError(self.where(), f"the apply of {rel} was refused", call)
         return rel
@@ -140,7 +124,7 @@ class KubePlace(Place):
     def nodes(self) -> list[dict]:
         """The nodes of the stage's instance type (kubectl get nodes), once per stage."""
         if self._nodes is None:
-            got = self.door.run(self._nodes_argv(), timeout=KUBECTL_TIMEOUT_S, check=False)
+            got = run_retrying(self.door, self._nodes_argv(), timeout=KUBECTL_TIMEOUT_S)
             try:
                 items = json.loads(got.stdout).get("items", []) if got.ok else []
             except ValueError:
@@ -227,6 +211,10 @@ class KubePlace(Place):
             pending = {n: unschedulable(p) for n, p in pods.items() if p and
                        p["status"].get("phase") == "Pending"}
             reasons = {n: r for n, r in pending.items() if r}
+            stuck = {n: stuck_reason(p) for n, p in pods.items() if p and stuck_reason(p)}
+            if stuck:  # the kubelet will not get past it: said now, not at the timeout
+                raise PodStuck("; ".join(f"{where_pod(n, pods[n])}: {r}"
+                                         for n, r in stuck.items()))
             if reasons and waited >= schedule_by:
                 raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
             if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
@@ -254,7 +242,8 @@ class KubePlace(Place):
         name = object_name(job.name)
         objects = manifests.rank_objects(**self._where(), name=name, image=self._image(),
                                          nodes=job.nodes, argv=job.argv, env=job.env,
-                                         transport=self.transport, timeout_s=job.timeout_s)
+                                         transport=self.transport, timeout_s=job.timeout_s,
+                                         modules=guide_files(job.modules))
         self.apply(objects, name)
         pods = [f"{name}-{rank}" for rank in range(job.nodes)]
         try:
@@ -274,14 +263,15 @@ class KubePlace(Place):
                                     [self.stage.rel(self.stage.path("pods", f"{pod}.log"))]))
             return runs
         finally:
-            self.delete(name)
+            self.delete(name, configmap=bool(job.modules))
 
-    def delete(self, name: str) -> None:
-        """Delete one group of this stage's objects (pods, services, a StatefulSet), unless
-        `keep`."""
+    def delete(self, name: str, configmap: bool = False) -> None:
+        """Delete one group of this stage's objects (pods, services, a StatefulSet; with
+        `configmap`, a rank job's ConfigMap of guide files too), unless `keep`."""
         if self.stage["keep"]:
             return
-        self._run("delete", "statefulset,service,pod,job", "-l",
+        self._run("delete", "statefulset,service,pod,job" + (",configmap" if configmap else ""),
+                  "-l",
                   f"{manifests.GROUP_LABEL}={name},"
                   f"{stage_selector(self.stage.run_id, self.stage.name)}",
                   "--ignore-not-found", "--wait=true", timeout=DELETE_TIMEOUT_S)
@@ -373,6 +363,9 @@ class KubePlace(Place):
             self._gate_serve(server, spec, add, lws)
             yield server
         finally:
+            if not self.plans_only and server.ready:  # looked at once more as it ends
+                add(held_gate(self.pod_status(server.pods), lambda n: self._json("get", "node", n),
+                              [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]))
             if not self.plans_only and not p.get("keep"):
                 if lws:
                     self.delete_lws(name)
@@ -392,6 +385,9 @@ class KubePlace(Place):
         started = self.door.now()
         try:
             statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s)
+        except PodStuck as why:
+            add(gate("server ready", False, "Pending", "every pod running", str(why), []))
+            return
         except NotScheduled as why:
             add(gate("server ready", False, "Pending", "every pod scheduled",
                      f"the scheduler: {why}", []))
@@ -408,6 +404,9 @@ class KubePlace(Place):
             why = (f"no pod {', '.join(absent)} within the timeout: the cluster's "
                    "LeaderWorkerSet controller makes a group's pods (is it running? kubectl "
                    f"get {manifests.LWS_RESOURCE} {server.pods[0].rsplit('-', 1)[0]})")
+        elif any(trouble(s) for s in statuses.values()):
+            why = "; ".join(f"{where_pod(pod, s)}: {trouble(s)}"
+                            for pod, s in statuses.items() if trouble(s))
         else:
             why = "not ready within the timeout: the pods' logs are kept"
         add(gate("server ready", ready, {pod: phase_of(s) for pod, s in statuses.items()},

@@ -1,11 +1,18 @@
 """Reading what kubectl says of pods and nodes, for the kube place (lib.places.kube): pure
-functions of the JSON `kubectl get ... -o json` prints, the names and selectors of the
-objects a stage applies, and the script a request from inside the cluster runs."""
+functions of the JSON `kubectl get ... -o json` prints (a pod's trouble in its status' own
+words: a waiting reason it will not get past, OOMKilled, Evicted; a node's Ready condition),
+the names and selectors of the objects a stage applies, and a serve's handle (KubeServer) with
+the script a request from inside the cluster runs."""
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
+from lib.core.door import HttpResult
+from lib.core.errors import NotScheduled
+from lib.places.base import ClusterServer
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 
 
@@ -21,6 +28,33 @@ REQUEST_SCRIPT = (
     "except urllib.error.HTTPError as a: s,x,e=a.code,a.read().decode(),None\n"
     "except Exception as a: s,x,e=None,'',type(a).__name__+': '+str(a)\n"
     "print(json.dumps({'status':s,'body':x,'error':e}))\n")
+
+
+@dataclass
+class KubeServer(ClusterServer):
+    """A serve on the cluster (any engine): `url` is the leader Service's address inside the
+    cluster."""
+    pods: list[str] = field(default_factory=list)
+    service: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.service}:{manifests.HTTP_PORT}"
+
+    def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
+        """From inside the cluster: python3 in the leader pod asks the leader's Service."""
+        body = "" if json_body is None else json.dumps(json_body)
+        call = door.run(self.place.kubectl("exec", self.pods[0], "--", "python3", "-c",
+                                           REQUEST_SCRIPT, method, self.url + path,
+                                           str(timeout), body),
+                        timeout=timeout + 30, check=False)
+        try:
+            got = json.loads(call.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            got = {"status": None, "body": "", "error": f"kubectl exec exited {call.rc}: "
+                                                        f"{call.stderr.strip()[-300:]}"}
+        return HttpResult(method, self.url + path, got.get("status"), got.get("body") or "",
+                          got.get("error"), call.duration_s, call.seq)
 
 
 def node_facts(node: dict, versions: dict) -> dict[str, Any]:
@@ -124,3 +158,124 @@ def _bytes(quantity: str) -> int:
 
 def _cpu(quantity: str) -> float:
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity or 0)
+
+
+# ---- a pod's trouble, as its status says it ----------------------------------------------------
+# Waiting reasons the kubelet does not get past by itself: it retries the pull (with a back-off
+# up to 300 s) or the container's config, but the image or the missing Secret/ConfigMap will not
+# change under it. A wait stops at once on them rather than at its schedule timeout (the pod is
+# Pending throughout: kubernetes/kubernetes#96186), as Shopify/krane#124 does on its deploys.
+STUCK_WAITING = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+                 "CreateContainerConfigError", "CreateContainerError")
+
+
+class PodStuck(NotScheduled):
+    """A Pending pod that will not start: a container waits on one of STUCK_WAITING. str() is
+    'pod <name> on node <node>: <reason>: <the kubelet's message>', one per pod, '; '-joined.
+    A NotScheduled, so every wait's caller stops the same way."""
+
+
+def node_of(pod: dict | None) -> str | None:
+    return ((pod or {}).get("spec") or {}).get("nodeName")
+
+
+def where_pod(name: str, pod: dict | None) -> str:
+    return f"pod {name} on node {node_of(pod) or '(none yet)'}"
+
+
+def _containers(pod: dict | None) -> list[dict]:
+    status = (pod or {}).get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def stuck_reason(pod: dict | None) -> str | None:
+    """'<reason>: <message>' of the first container waiting on a STUCK_WAITING reason."""
+    for c in _containers(pod):
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            message = waiting.get("message")
+            return f"{waiting['reason']}: {message}" if message else waiting["reason"]
+    return None
+
+
+def trouble(pod: dict | None) -> str | None:
+    """Why a pod is not running as asked, in the status' own words: the pod evicted
+    ('Evicted: The node was low on resource: memory. ...'), a container terminated by the
+    kernel or with an error ('OOMKilled (exit 137)', 'Error (exit 1)'; a serve pod's, restarted
+    by its restartPolicy Always, from its lastState: 'OOMKilled (exit 137), restarted 1
+    time(s); now CrashLoopBackOff'), or waiting stuck (stuck_reason); None when its status
+    says nothing wrong."""
+    status = (pod or {}).get("status") or {}
+    if status.get("phase") == "Failed" and status.get("reason"):
+        return f"{status['reason']}: {status.get('message') or ''}".rstrip(": ")
+    for c in _containers(pod):
+        state = c.get("state") or {}
+        term, last = state.get("terminated"), (c.get("lastState") or {}).get("terminated")
+        if term and (term.get("exitCode") or term.get("reason") not in (None, "Completed")):
+            return f"{term.get('reason') or 'terminated'} (exit {term.get('exitCode')})"
+        if last and c.get("restartCount"):  # restartPolicy Always: the kubelet started it anew
+            now = (state.get("waiting") or {}).get("reason")
+            return (f"{last.get('reason') or 'terminated'} (exit {last.get('exitCode')}), "
+                    f"restarted {c['restartCount']} time(s)" + (f"; now {now}" if now else ""))
+    return stuck_reason(pod)
+
+
+def node_condition(node: dict | None) -> str | None:
+    """'Ready=<status> (<reason>: <message>)' of a node whose Ready condition is not True
+    ('Ready=Unknown (NodeStatusUnknown: Kubelet stopped posting node status.)', as the node
+    lifecycle controller writes it); None when Ready or not known."""
+    for c in ((node or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") != "True":
+            return (f"Ready={c.get('status')} ({c.get('reason') or '?'}: "
+                    f"{c.get('message') or ''})")
+    return None
+
+
+def held_through(pods: dict[str, dict | None], nodes: dict[str, dict | None]) -> dict[str, str]:
+    """Every pod of a serve that was Ready and is not now, with why: its status' trouble, else
+    its node's Ready condition, else 'not Ready' (or 'gone'). `nodes`: node name -> the Node."""
+    lost = {}
+    for name, pod in pods.items():
+        if pod is None:
+            lost[name] = f"pod {name}: gone"
+            continue
+        why = trouble(pod)
+        if why is None and is_ready(pod):
+            continue
+        node = node_of(pod)
+        said = node_condition(nodes.get(node)) if node else None
+        lost[name] = (f"{where_pod(name, pod)}: {why or 'not Ready'}"
+                      + (f"; node {node} {said}" if said else ""))
+    return lost
+
+
+def held_gate(pods: dict[str, dict | None], get_node, evidence: list[str]):
+    """The gate of a serve that was Ready, looked at once more as it ends: every pod still
+    Ready, none OOMKilled, evicted, or on a node gone NotReady (held_through: the pod, its node
+    and the status' reason). `get_node(name)`: the Node as kubectl gets it (or None)."""
+    from lib.core.evidence import gate
+
+    nodes = {node: get_node(node) for node in sorted(
+        {node_of(p) for p in pods.values() if p and not is_ready(p)} - {None})}
+    lost = held_through(pods, nodes)
+    return gate("every pod held through the serve", not lost,
+                {pod: phase_of(p) for pod, p in pods.items()}, "every pod Ready",
+                "; ".join(lost.values()) if lost else
+                f"every pod of the serve Ready as it ends ({len(pods)})", evidence)
+
+
+def foreign_objects(get_stdout: str, run_label: str) -> list[str]:
+    """What `kubectl get -f <file> -o json --ignore-not-found` found of a file's objects that
+    another run applied (its run label is not `run_label`): 'Kind/name (run <theirs>)'."""
+    try:
+        got = json.loads(get_stdout) if get_stdout.strip() else {}
+    except ValueError:
+        return []
+    items = got.get("items") if got.get("kind") == "List" else ([got] if got else [])
+    theirs = []
+    for o in items or []:
+        meta = o.get("metadata") or {}
+        label = (meta.get("labels") or {}).get(manifests.RUN_LABEL)
+        if label != run_label:
+            theirs.append(f"{o.get('kind')}/{meta.get('name')} (run {label or 'unlabelled'})")
+    return theirs

@@ -1,0 +1,315 @@
+"""A cluster's bad day on the real control plane (tests/kubeplane.py: kube-apiserver, scheduler
+and controllers 1.20.2): each fault a p5en user meets, made to happen by the kubelet double
+(tests/kubelet_double.py: a pod status in the kubelet's own form) or by the plane itself (its
+API server stopped and started, its admission), and the stage's answer: a FAIL gate naming the
+pod, the node and the reason, nothing of the run left behind, gates.json written.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+try:
+    from kubeplane import NOT_BUILT, plane_available
+except ImportError:
+    from tests.kubeplane import NOT_BUILT, plane_available
+
+from lib.core.door import read_transcript
+from lib.core.errors import StageRefused
+from lib.core.stage import REFUSED_GATE
+from lib.places import manifests
+from lib.stages import kernel, serve as serve_stage
+from tests import compose
+from tests import kubelet_double as kubelet
+from tests.kube_env import (IMAGE, IMAGE_ID, MODEL_CACHE, NODES, RECORDED_RUN, KubeEnv,
+                            image_cannot_be_pulled, model_config, on_request)
+from tests.kubelet_double import Container, Script
+
+pytestmark = pytest.mark.skipif(not plane_available(), reason=NOT_BUILT)
+
+HELD = "every pod held through the serve"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with KubeEnv(tmp_path_factory.mktemp("kube-faults")) as cluster_env:
+        yield cluster_env
+
+
+def fails(stage) -> dict[str, str]:
+    return {g.gate: g.reason for g in stage.gates if g.status == "FAIL"}
+
+
+def serve_vllm(env, tmp_path, **kw) -> None:
+    """The StatefulSet vllm's two pods as test_kube_stages serves them (recorded vLLM logs and
+    answers), the leader's /v1/models request able to carry a fault."""
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve("vllm", compose.compose_vllm_pods(tmp_path / "logs"), model=p["model"],
+              revision=p["model_revision"], config=config, **kw)
+
+
+def run_04(env, run: Path, **given):
+    stage = env.stage("04_serve", run, model_cache_dir=MODEL_CACHE, **given)
+    serve_stage.run(stage)
+    stage.finish()
+    return stage
+
+
+def sealed(run: Path, stage_name: str) -> None:
+    """The evidence complete: gates.json written for the stage."""
+    assert (run / stage_name / "gates.json").exists()
+
+
+def test_an_image_that_cannot_be_pulled_fails_at_once_quoting_the_registry(env, tmp_path):
+    """ErrImagePull with containerd's NotFound message (then ImagePullBackOff): the wait stops
+    on its first look at it, long before its schedule timeout, and the FAIL names each pod, its
+    node and the kubelet's message."""
+    serve_vllm(env, tmp_path)
+    message = image_cannot_be_pulled(env, "vllm-*", IMAGE)
+    run = tmp_path / "run"
+    started = time.monotonic()
+    stage = run_04(env, run, schedule_timeout_s=60, server_timeout_s=120)
+    took = time.monotonic() - started
+    failed = fails(stage)
+    assert list(failed) == ["server ready"], failed
+    reason = failed["server ready"]
+    for pod in ("vllm-0", "vllm-1"):
+        assert re.search(rf"pod {pod} on node ({'|'.join(NODES)}): ErrImagePull: ", reason), reason
+    assert message in reason and "code = NotFound" in reason
+    assert took < 30, took  # not at the 60 s schedule timeout, nor the 120 s server timeout
+    sealed(run, "04_serve")
+    assert env.objects_left() == []
+
+
+def fault_mid_serve(env, tmp_path, fault) -> tuple:
+    """04 with vLLM's pods: the fault done to pod vllm-1 as the leader is asked /v1/models
+    (after every pod was Ready); the finished stage and vllm-1's node."""
+    serve_vllm(env, tmp_path)
+    where = {}
+
+    def strike():
+        where["node"] = env.double.find(env.namespace, "vllm-1").node
+        fault("vllm-1")
+
+    on_request(env, "vllm", "/v1/models", strike)
+    run = tmp_path / "run"
+    stage = run_04(env, run)
+    sealed(run, "04_serve")
+    return stage, where["node"]
+
+
+def test_a_container_oomkilled_mid_serve_fails_naming_pod_node_and_exit(env, tmp_path):
+    """The kernel's OOM killer ends vLLM in pod vllm-1 after the serve was ready: the kubelet
+    restarts it (a StatefulSet's restartPolicy Always), the exit in lastState. The serve's
+    last look FAILs naming pod, node and 'OOMKilled (exit 137)'."""
+    stage, node = fault_mid_serve(env, tmp_path, lambda pod: kubelet.end_now(
+        env.double, env.namespace, pod, exit_code=137, reason="OOMKilled", restarted=True))
+    failed = fails(stage)
+    assert list(failed) == [HELD], failed
+    assert f"pod vllm-1 on node {node}: OOMKilled (exit 137), restarted 1 time(s); now " \
+           "CrashLoopBackOff" in failed[HELD]
+    assert "vllm-0" not in failed[HELD]  # the leader held
+    assert env.objects_left() == []
+
+
+def test_a_pod_evicted_mid_serve_fails_quoting_the_kubelet(env, tmp_path):
+    """The node's memory pressure: the kubelet evicts vllm-1 (phase Failed, reason Evicted, its
+    eviction message). The FAIL names the pod, the node and quotes the message."""
+    said = {}
+
+    def evict(pod):
+        said["message"] = kubelet.evict(env.double, env.namespace, pod, usage="2013265920Ki",
+                                        request="1800Gi")
+
+    stage, node = fault_mid_serve(env, tmp_path, evict)
+    failed = fails(stage)
+    assert list(failed) == [HELD], failed
+    assert f"pod vllm-1 on node {node}: Evicted: The node was low on resource: memory. " \
+           "Container vllm was using 2013265920Ki, which exceeds its request of 1800Gi." \
+           in failed[HELD]
+    assert said["message"].startswith("The node was low on resource: memory. ")
+    assert env.objects_left() == []
+
+
+def test_a_node_gone_notready_mid_serve_fails_naming_the_node_and_its_condition(env, tmp_path):
+    """vllm-1's node stops posting status while 04 runs: its Ready condition Unknown with
+    NodeStatusUnknown (as the node lifecycle controller writes it), its pods not Ready. The
+    FAIL names the pod, the node and the condition. Measured here: the plane runs without the
+    node lifecycle controller (tests/kubeplane.py), so nothing evicts the pods (they are still
+    bound and Running when the stage looks); on a real cluster its taint manager deletes them
+    after their tolerationSeconds (300 s by default), far past this stage's look."""
+    lost = {}
+
+    def lose(pod):
+        lost["node"] = env.double.find(env.namespace, pod).node
+        kubelet.lose_node(env.double, lost["node"])
+
+    try:
+        stage, node = fault_mid_serve(env, tmp_path, lose)
+    finally:
+        if "node" in lost:
+            kubelet.restore_node(env.double, lost["node"])
+    failed = fails(stage)
+    assert list(failed) == [HELD], failed
+    assert (f"pod vllm-1 on node {node}: not Ready; node {node} Ready=Unknown "
+            "(NodeStatusUnknown: Kubelet stopped posting node status.)") in failed[HELD]
+    held = next(g for g in stage.gates if g.gate == HELD)
+    assert held.observed == {"vllm-0": "Running", "vllm-1": "Running"}  # not evicted
+    assert env.objects_left() == []
+
+
+def kubectl_runs(run: Path, verb: str) -> list[dict]:
+    return [e for e in read_transcript(run / "transcript.jsonl")
+            if e["kind"] == "run" and e["key"][0] == "kubectl" and verb in e["key"]]
+
+
+def stderr_of(run: Path, entry: dict) -> str:
+    return (run / entry["stderr"]).read_text() if entry.get("stderr") else ""
+
+
+def test_the_api_server_restarting_mid_stage_is_retried_and_nothing_applied_twice(env, tmp_path):
+    """The real kube-apiserver stopped as 03 starts (its apply meets a refused connection) and
+    again while 03 waits on its pods: every kubectl call that failed for want of it was tried
+    again (each try in the transcript, kubectl's "connection ... refused" in its stderr); the
+    apply that failed was followed by a get of the same file before it was applied again, once;
+    the stage's gates PASS as if nothing happened."""
+    name = "test-ep-at-128-tokens"
+    for rank, log in enumerate(compose.compose_test_ep(tmp_path / "logs")):
+        env.double.add_script(Script(f"{name}-{rank}", {
+            "*": Container(log=log, exit_code=0, image_id=IMAGE_ID)},
+            running_after=6.0, exit_after=0.5, pod_ips="10.244.0.0/16"))
+    plane, took = env.plane, {}
+    plane.stop_apiserver()
+
+    def restarts():
+        time.sleep(3.0)
+        took["first_start_s"] = plane.start_apiserver()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the pods applied: now the stage waits on them
+            try:
+                if plane.get_json("pods", "-n", env.namespace)["items"]:
+                    break
+            except Exception:  # noqa: BLE001 - the API server may still be settling
+                pass
+            time.sleep(0.2)
+        took["second"] = plane.restart_apiserver(down_s=3.0)
+
+    thread = threading.Thread(target=restarts, daemon=True)
+    thread.start()
+    run = tmp_path / "run"
+    try:
+        stage = env.stage("03_kernel_test", run, test_ep_tokens="128", job_timeout_s=120)
+        kernel.run(stage)
+        stage.finish()
+    finally:
+        thread.join(timeout=120)
+        if not plane.is_running():
+            plane.start_apiserver()
+    assert fails(stage) == {}, fails(stage)
+    refused = [e for e in kubectl_runs(run, "get") + kubectl_runs(run, "apply")
+               if e["rc"] != 0 and "was refused - did you specify the right host or port?"
+               in stderr_of(run, e)]
+    assert len(refused) >= 2, len(refused)  # tried, refused, tried again
+    polls = [e for e in kubectl_runs(run, "pods") if "get" in e["key"]]
+    assert any(e["rc"] != 0 for e in polls) and polls[-1]["rc"] == 0  # the wait's looks, retried
+    applies = kubectl_runs(run, "apply")
+    assert [e["rc"] == 0 for e in applies] == [False, True], [e["rc"] for e in applies]
+    entries = [e for e in read_transcript(run / "transcript.jsonl") if e["kind"] == "run"]
+    first_apply = entries.index(applies[0])
+    between = entries[first_apply + 1:entries.index(applies[1])]
+    assert between and all("-f" in e["key"] and "get" in e["key"] for e in between)
+    assert between[-1]["rc"] == 0  # the get answered (not there): applied again, once
+    sealed(run, "03_kernel_test")
+    assert env.objects_left() == []
+
+
+RESTRICTED_PSP = {
+    "apiVersion": "policy/v1beta1", "kind": "PodSecurityPolicy",
+    "metadata": {"name": "guide-test-restricted"},
+    "spec": {"privileged": False, "allowPrivilegeEscalation": False,
+             "runAsUser": {"rule": "RunAsAny"}, "seLinux": {"rule": "RunAsAny"},
+             "supplementalGroups": {"rule": "RunAsAny"}, "fsGroup": {"rule": "RunAsAny"},
+             "volumes": ["*"]}}
+
+
+def test_a_namespace_without_privileged_pods_is_refused_by_admission_quoted(env, tmp_path):
+    """The API server restarted with the PodSecurityPolicy admission plugin (1.20 has
+    policy/v1beta1 PSP; the PodSecurity admission came in 1.22) and one policy, which forbids
+    privileged containers: 03's rank pods (privileged for gdrcopy, their reason beside it) are
+    refused at their apply, and the FAIL quotes the admission's words naming the pod."""
+    plane = env.plane
+    plane.restart_apiserver(extra_flags=["--enable-admission-plugins=PodSecurityPolicy"])
+    try:
+        plane.apply(RESTRICTED_PSP)
+        env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
+        run = tmp_path / "run"
+        stage = env.stage("03_kernel_test", run, test_ep_tokens="128")
+        kernel.run(stage)
+        with pytest.raises(StageRefused):
+            stage.finish()
+    finally:
+        plane.kubectl("delete", "podsecuritypolicy", RESTRICTED_PSP["metadata"]["name"],
+                      "--ignore-not-found")
+        plane.restart_apiserver()
+    failed = fails(stage)
+    assert list(failed) == [REFUSED_GATE], failed
+    reason = failed[REFUSED_GATE]
+    assert re.search(r'pods "test-ep-at-128-tokens-\d" is forbidden: PodSecurityPolicy: unable '
+                     r"to admit pod: \[.*Privileged containers are not allowed", reason), reason
+    sealed(run, "03_kernel_test")
+    assert env.objects_left() == []
+
+
+def rank_objects(env, stage, name: str) -> tuple:
+    from lib.places import for_stage
+
+    place = for_stage(stage)
+    return place, manifests.rank_objects(**place._where(), name=name, image=place._image(),
+                                         nodes=2, argv=lambda n: ["sleep", "600"],
+                                         env=lambda n: {})
+
+
+def runs_of_objects(env) -> dict[str, str]:
+    got = env.plane.get_json("pods,services", "-n", env.namespace)
+    return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["labels"][manifests.RUN_LABEL]
+            for o in got["items"]}
+
+
+def test_two_runs_in_one_namespace_neither_takes_over_nor_deletes_the_other_s_objects(
+        env, tmp_path):
+    """Run A's pods (Pending) in the namespace; run B's 03 would apply objects of the same
+    names: refused, naming A's objects and its run, nothing of A changed; B's clean-up deletes
+    by B's run label, so A's objects stay. Then B's objects of other names beside A's: B's
+    clean-up deletes its own only; A's clean-up its own; nothing left."""
+    env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"), pending=True)
+    stage_a = env.stage("03_kernel_test", tmp_path / "run-a", test_ep_tokens="128")
+    place_a, objects = rank_objects(env, stage_a, "test-ep-at-128-tokens")
+    place_a.apply(objects, "test-ep-at-128-tokens")
+    a_objects = runs_of_objects(env)
+    assert set(a_objects.values()) == {"run-a"} and len(a_objects) == 3  # 2 pods, 1 Service
+
+    run_b = tmp_path / "run-b"
+    stage_b = env.stage("03_kernel_test", run_b, test_ep_tokens="128")
+    kernel.run(stage_b)
+    with pytest.raises(StageRefused):
+        stage_b.finish()  # its clean-up (run-b's labels) has run
+    reason = fails(stage_b)[REFUSED_GATE]
+    assert "Pod/test-ep-at-128-tokens-0 (run run-a)" in reason and "of another run" in reason
+    assert kubectl_runs(run_b, "apply") == []  # refused before any apply
+    assert runs_of_objects(env) == a_objects  # A's objects as A applied them
+    sealed(run_b, "03_kernel_test")
+
+    stage_c = env.stage("03_kernel_test", tmp_path / "run-c", test_ep_tokens="128")
+    place_c, others = rank_objects(env, stage_c, "other-ranks")
+    place_c.apply(others, "other-ranks")
+    both = runs_of_objects(env)
+    assert set(both.values()) == {"run-a", "run-c"} and len(both) == 6
+    stage_c.close_resources()  # C's clean-up: by C's run and stage labels
+    assert runs_of_objects(env) == a_objects
+    stage_a.close_resources()
+    assert env.objects_left() == []

@@ -18,6 +18,10 @@ from lib.engines.site_patches import RECORD, SitePatchError
 
 PIN = "vllm_patch_deepep_v2_expert_ids"
 PATCH = REPO_ROOT / pins.load()["pins"][PIN]["path"]
+# patch 0002 (ElasticBuffer timeouts) follows it; its target is vLLM 0.24.0's own file
+TIMEOUTS_PIN = "vllm_patch_deepep_v2_timeouts"
+ALL2ALL = "vllm/distributed/device_communicators/all2all.py"
+ALL2ALL_0_24 = REPO_ROOT / "tests" / "fixtures" / "vllm-0.24.0" / "all2all.py"
 
 
 def images(patch_text: str) -> tuple[str, str, str]:
@@ -44,6 +48,8 @@ def site(tmp_path):
     (root / "vllm-0.24.0.dist-info").mkdir(parents=True)
     (root / target).parent.mkdir(parents=True)
     (root / target).write_text(before)
+    (root / ALL2ALL).parent.mkdir(parents=True, exist_ok=True)
+    (root / ALL2ALL).write_bytes(ALL2ALL_0_24.read_bytes())
     return root
 
 
@@ -57,7 +63,8 @@ def test_the_pinned_patch_applies_once_and_is_recorded(site):
     record = site_patches.apply(site, "vllm")
     assert (site / target).read_text() == after
     assert "tl.where(valid, g, elsewhere)" in after and "tl.where(valid, g, -1)" not in after
-    (entry,) = record["patches"]
+    entry = record["patches"][0]
+    assert [p["pin"] for p in record["patches"]] == [PIN, TIMEOUTS_PIN]
     assert entry["pin"] == PIN and entry["sha256"] == pins.load()["pins"][PIN]["sha256"]
     assert entry["files"] == {target: site_patches.sha256_file(site / target)}
     assert json.loads((site / RECORD).read_text()) == record
@@ -117,7 +124,8 @@ def test_a_run_records_the_patched_sites_on_its_path_and_whether_they_changed(si
     run = json.loads((stage.run_dir / "run.json").read_text())
     (found,) = run["site_patches"]
     assert found["site"] == str(site) and found["version"] == "0.24.0"
-    assert [(p["pin"], p["unchanged"]) for p in found["patches"]] == [(PIN, True)]
+    assert [(p["pin"], p["unchanged"]) for p in found["patches"]] == [(PIN, True),
+                                                                       (TIMEOUTS_PIN, True)]
     (site / target).write_text((site / target).read_text() + "# edited after patching\n")
     assert site_patches.applied_on(str(site))[0]["patches"][0]["unchanged"] is False
     monkeypatch.delenv("PYTHONPATH")

@@ -176,3 +176,61 @@ def efa_provider_per_rank(log_text: str, world: int | None = None, *,
                 f"{len(efa_procs)} process(es) selected EFA for a world of {world}; no NCCL "
                 "init lines tie them to ranks, so this counts processes, not named ranks",
                 evidence).as_dict()
+
+
+# --- NCCL: a setting each rank read from its environment -----------------------------------------
+# NCCL prints every NCCL_* parameter it takes from the environment, once per process, with
+# NCCL_DEBUG=INFO and ENV in NCCL_DEBUG_SUBSYS (every engine's env sets both): "NCCL INFO
+# NCCL_GIN_TYPE set by environment to 5." as the plugin's own GIN guide quotes it
+# (aws/aws-ofi-nccl doc/gin-getting-started.md @ccf5264, "To confirm the EFA-GDA backend was
+# used"; the same form a public type-5 campaign quotes beside "GIN/Plugin: Loaded gin plugin
+# Libfabric_GDAKI (v14)"). No public log found here shows which GIN plugin each rank of this
+# stack was assigned with a rank on the line, so the gate is the variable every rank read,
+# tied to ranks through each process's communicator lines, as the provider line is.
+_ENV_SET_RE = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to ([^\s.]+)")
+
+
+def env_setting_per_rank(log_text: str, world: int, var: str, value: str, *,
+                         log_name: str = "log") -> dict:
+    """Gate: every rank 0..world-1 read ``var`` = ``value`` from its environment (NCCL's ENV
+    line, per process, tied to ranks through the same host:pid's NCCL init lines); a process
+    that read another value FAILs it, quoted."""
+    name = f"{var.lower()}_{value}_per_rank"
+    lines = _lines(log_text)
+    read_by: dict[tuple, str] = {}
+    wrong, right = [], []
+    for i, line in enumerate(lines, 1):
+        m = _ENV_SET_RE.search(line)
+        if not m or m.group(1) != var:
+            continue
+        p = _NCCL_PREFIX_RE.search(line)
+        proc = (p.group(1), int(p.group(2))) if p else ("?", i)
+        read_by[proc] = m.group(2)
+        (right if m.group(2) == value else wrong).append(_quote(log_name, i, line))
+    ranks_of: dict[tuple, set] = defaultdict(set)
+    for c in nccl_comm_lines(log_text):
+        if c["host"] is not None and c["nranks"] == world:
+            ranks_of[(c["host"], c["pid"])].add(c["rank"])
+    with_value = sorted({r for proc, v in read_by.items() if v == value
+                         for r in ranks_of.get(proc, ())})
+    missing = [r for r in range(world) if r not in with_value]
+    observed = {"lines": len(right), "other_values": len(wrong), "ranks": with_value,
+                "missing": missing}
+    expected = {"value": value, "ranks": list(range(world))}
+    evidence = (wrong + right)[:64]
+    if wrong:
+        return gate(name, False, observed, expected,
+                    f"{len(wrong)} process(es) read {var} with another value than {value}",
+                    evidence).as_dict()
+    if not right:
+        return gate(name, False, observed, expected,
+                    f"no '{var} set by environment to {value}' line: {var} not set, or "
+                    "NCCL_DEBUG=INFO without ENV in NCCL_DEBUG_SUBSYS", []).as_dict()
+    if missing:
+        return gate(name, False, observed, expected,
+                    f"rank(s) {', '.join(map(str, missing))} of {world}: no such line from "
+                    "their process (ranks tied to processes through their NCCL init lines)",
+                    evidence).as_dict()
+    return gate(name, True, observed, expected,
+                f"every rank of {world} read {var}={value} (NCCL's ENV line, tied to ranks "
+                "through each process's NCCL init lines)", evidence).as_dict()

@@ -110,6 +110,9 @@ def apply(site: Path, package_pin: str, *, data: dict | None = None,
                                  f"{applied.stdout}{applied.stderr}")
         record["patches"].append({"pin": pin_name, "path": pin["path"], "sha256": got,
                                   "files": {f: sha256_file(site / f) for f in files}})
+        # in the patches' order, also when one was applied again (unpacked over its patched self)
+        order = {name: n for n, (name, _) in enumerate(patches)}
+        record["patches"].sort(key=lambda entry: order.get(entry["pin"], len(order)))
         record_path.write_text(json.dumps(record, indent=1) + "\n")
     return record
 

@@ -67,6 +67,8 @@ class VllmEngine(Engine):
                  if g["gate"] == "vllm_no_fallback_no_legacy_buffer" else g for g in gates]
         gates.append(vllm_logs.per_rank_nccl(every, spec.dp_size, log_name=sources))
         gates.append(vllm_logs.efa_provider_per_rank(every, spec.dp_size, log_name=sources))
+        # GIN type 5: every rank read its two settings (none on the other contracts)
+        gates += vllm_logs.transport_gates(every, spec.dp_size, spec.transport, log_name=sources)
         return gates
 
     def first_fatal(self, text: str) -> str | None:

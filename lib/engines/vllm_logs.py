@@ -320,7 +320,78 @@ def assert_backend(log_text: str, requested_backend: str, *, dp_size: int,
 # --- NCCL: per-rank evidence (lib.engines.nccl_logs, the same for every engine) ----------------
 from lib.engines.nccl_logs import (  # noqa: E402  (re-exported: vllm_logs.per_rank_nccl, ...)
     _EFA_RE, _NCCL_COMM_RE, _NCCL_PREFIX_RE, _PROVIDER_RE, efa_provider_per_rank,
-    nccl_comm_lines, per_rank_nccl)
+    env_setting_per_rank, nccl_comm_lines, per_rank_nccl)
+from lib.engines import transport as _transport  # noqa: E402
+
+
+def transport_gates(log_text: str, world: int, transport: str, *,
+                    log_name: str = "log") -> list[dict]:
+    """What the transport contract asks of every rank's log beyond the EFA provider: on
+    efa_gin_type5, that every rank read NCCL_GIN_TYPE=5 and NCCL_SYM_GIN_KERNELS_ENABLE=0 (a rank
+    without them falls back to the CPU proxy or to NCCL's symmetric GIN kernels, silently:
+    whn09/ep-benchmarks-efa measured decode 2.2x slower at 2 nodes, 5.4x at 4). None on the other
+    contracts: type 2 is NCCL's default for EFA, and intranode runs GIN off."""
+    if transport != "efa_gin_type5":
+        return []
+    wanted = {v.name: v.value for v in _transport.contract(transport)}
+    return [env_setting_per_rank(log_text, world, var, wanted[var], log_name=log_name)
+            for var in ("NCCL_GIN_TYPE", "NCCL_SYM_GIN_KERNELS_ENABLE")]
+
+
+# --- ElasticBuffer's timeouts, as the guide's vLLM patch 0002 says them on every rank ----------
+# patches/0002-vllm-deepep-v2-elastic-buffer-timeouts.patch prints, once per process:
+#   "[guide-0002] DeepEPV2All2AllManager rank R/W: ElasticBuffer num_gpu_timeout_secs=G
+#    num_cpu_timeout_secs=C"
+TIMEOUTS_PIN = "vllm_patch_deepep_v2_timeouts"
+_TIMEOUTS_RE = re.compile(r"\[guide-0002\] DeepEPV2All2AllManager rank (\d+)/(\d+): ElasticBuffer "
+                          r"num_gpu_timeout_secs=(\d+) num_cpu_timeout_secs=(\d+)")
+
+
+def applied_patches(site_patches: list[dict] | None) -> set[str]:
+    """The pins of the patches run.json's `site_patches` records as applied and unchanged."""
+    return {p["pin"] for site in site_patches or [] for p in site.get("patches") or []
+            if p.get("unchanged", True)}
+
+
+def elastic_timeouts_gate(log_text: str, world: int, *, site_patches: list[dict] | None,
+                          gpu_s: int = _transport.ELASTIC_TIMEOUT_S,
+                          cpu_s: int = _transport.ELASTIC_TIMEOUT_S,
+                          log_name: str = "log") -> dict:
+    """Gate: every rank 0..world-1 built its ElasticBuffer with the contract's timeouts, as
+    patch 0002's line says. Only where the run's site applied 0002 (run.json `site_patches`):
+    a run without it (every run recorded before 0002) is a SKIP saying so, never a FAIL."""
+    name = "elastic_buffer_timeouts_per_rank"
+    if TIMEOUTS_PIN not in applied_patches(site_patches):
+        return skip(name, f"the run's vLLM site records no {TIMEOUTS_PIN} (run.json "
+                    "site_patches): that vLLM passes ElasticBuffer no timeout, so DeepEP's "
+                    "defaults (GPU 100 s, CPU 300 s) applied and no rank says them").as_dict()
+    lines = _lines(log_text)
+    seen: dict[int, tuple[int, int]] = {}
+    evidence, wrong = [], []
+    for i, line in enumerate(lines, 1):
+        m = _TIMEOUTS_RE.search(line)
+        if not m or int(m.group(2)) != world:
+            continue
+        rank, values = int(m.group(1)), (int(m.group(3)), int(m.group(4)))
+        seen[rank] = values
+        evidence.append(_quote(log_name, i, line))
+        if values != (gpu_s, cpu_s):
+            wrong.append(rank)
+    missing = [r for r in range(world) if r not in seen]
+    observed = {"ranks": sorted(seen), "missing": missing,
+                "values": sorted({f"gpu={g} cpu={c}" for g, c in seen.values()})}
+    expected = {"ranks": list(range(world)), "gpu_s": gpu_s, "cpu_s": cpu_s}
+    if wrong:
+        return gate(name, False, observed, expected,
+                    f"rank(s) {', '.join(map(str, sorted(wrong)))} built ElasticBuffer with "
+                    f"other timeouts than GPU {gpu_s} s / CPU {cpu_s} s", evidence[:64]).as_dict()
+    if missing:
+        return gate(name, False, observed, expected,
+                    f"no [guide-0002] line from rank(s) {', '.join(map(str, missing))} of "
+                    f"{world}, though the site applied {TIMEOUTS_PIN}", evidence[:64]).as_dict()
+    return gate(name, True, observed, expected,
+                f"every rank of {world} built ElasticBuffer with GPU {gpu_s} s / CPU {cpu_s} s "
+                "(patch 0002's line, one per rank)", evidence[:64]).as_dict()
 
 
 # --- startup time -------------------------------------------------------------------------------

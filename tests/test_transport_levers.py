@@ -1,0 +1,177 @@
+"""The transport levers AWS ships today: GIN type 5 as a named contract (its env, its floor
+against the pin sets, its per-rank gates), and ElasticBuffer's timeouts through the guide's vLLM
+patch 0002 (applied by the real GNU patch to vLLM 0.24.0's own file, its line gated per rank
+only where a run's site applied it). Logs are composed in the formats their sources print:
+NCCL's debug prefix and ENV line (NVIDIA/nccl src/debug.cc; aws/aws-ofi-nccl
+doc/gin-getting-started.md) and the patch's own print."""
+import shutil
+import subprocess
+
+import pytest
+
+from lib.core.door import REPO_ROOT
+from lib.core.errors import ParameterError
+from lib.engines import site_patches, transport, vllm_logs
+from lib.engines.nccl_logs import env_setting_per_rank
+from lib.roots import pins
+from lib.stages import registry
+
+PATCH_0002 = REPO_ROOT / pins.load()["pins"]["vllm_patch_deepep_v2_timeouts"]["path"]
+ALL2ALL = "vllm/distributed/device_communicators/all2all.py"
+ALL2ALL_0_24 = REPO_ROOT / "tests" / "fixtures" / "vllm-0.24.0" / "all2all.py"
+
+
+# ---- the contract --------------------------------------------------------------------------
+def test_type5_is_type2_with_exactly_its_two_settings():
+    two, five = transport.transport_env("efa"), transport.transport_env("efa_gin_type5")
+    assert two["NCCL_GIN_TYPE"] == "2" and five["NCCL_GIN_TYPE"] == "5"
+    assert five["NCCL_SYM_GIN_KERNELS_ENABLE"] == "0" and "NCCL_SYM_GIN_KERNELS_ENABLE" not in two
+    changed = {k for k in set(two) | set(five) if two.get(k) != five.get(k)}
+    assert changed == {"NCCL_GIN_TYPE", "NCCL_SYM_GIN_KERNELS_ENABLE"}
+    assert transport.unset_vars("efa_gin_type5") == transport.unset_vars("efa")
+    assert all(v.why and v.anchor for v in transport.contract("efa_gin_type5"))
+    assert transport.over_efa("efa_gin_type5") and not transport.over_efa("intranode_nvlink")
+
+
+def test_both_efa_contracts_set_the_elastic_buffer_timeouts_the_patch_reads():
+    for name in transport.EFA_TRANSPORTS:
+        env = transport.transport_env(name)
+        assert env[transport.GPU_TIMEOUT_VAR] == env[transport.CPU_TIMEOUT_VAR] == "600"
+    patch = PATCH_0002.read_text()
+    assert transport.GPU_TIMEOUT_VAR in patch and transport.CPU_TIMEOUT_VAR in patch
+
+
+def test_the_floor_refuses_every_pin_set_below_nccl_2_31_and_allows_the_one_above():
+    data = pins.load()
+    allowed = [n for n in pins.set_names(data)
+               if not transport.floor_problems("efa_gin_type5", pins.set_pins(data, n))]
+    assert allowed == ["newest-2026-12"]  # NCCL 2.31.2, installer 1.51.0; the rest pin 2.30.4
+    with pytest.raises(ParameterError) as refused:
+        transport.check_pin_set("efa_gin_type5", "seed-2026-07",
+                                pins.set_pins(data, "seed-2026-07"))
+    said = str(refused.value)
+    assert "'transport'" in said and "seed-2026-07" in said and "nccl 2.30.4 < 2.31" in said
+    low = {"nccl": {"version": "2.31.0"}, "efa_installer": {"version": "1.49.1"}}
+    assert transport.floor_problems("efa_gin_type5", low) == [
+        "efa_installer 1.49.1 < 1.50 (EFA installer >= 1.50 (libfabric 2.6.0, rdma-core "
+        "64.0amzn0, efa driver 3.3.0, aws-ofi-nccl 1.21))"]
+    assert transport.floor_problems("efa_gin_type5", {}) and not transport.floor_problems(
+        "efa", {})
+
+
+@pytest.mark.parametrize("given, param, words", [
+    ({"context": "local", "transport": "efa_gin_type5"}, "transport", "intranode_nvlink on the"),
+    ({"context": "plan", "transport": "intranode_nvlink"}, "transport", "efa or efa_gin_type5"),
+    ({"context": "plan", "transport": "efa_gin_type5"}, "transport", "nccl 2.30.4 < 2.31"),
+    ({"context": "kube", "transport": "efa_gin_type5", "pin_set": "current"}, "transport",
+     "pin set 'current'"),
+    ({"context": "plan", "transport": "gin_type5"}, "transport", "efa, efa_gin_type5"),
+])
+def test_the_registry_refuses_a_transport_its_place_or_pin_set_cannot_carry(given, param, words):
+    with pytest.raises(ParameterError) as refused:
+        registry.resolve("03_kernel_test", given)
+    assert refused.value.name == param and words in str(refused.value)
+
+
+def test_the_registry_takes_type5_with_a_pin_set_above_its_floor_and_defaults_per_context():
+    ok = registry.resolve("04_serve", {"context": "plan", "transport": "efa_gin_type5",
+                                       "pin_set": "newest-2026-12"})
+    assert ok["transport"] == "efa_gin_type5"
+    assert registry.resolve("03_kernel_test", {"context": "plan"})["transport"] == "efa"
+    assert registry.resolve("03_kernel_test", {})["transport"] == "intranode_nvlink"
+    takes = [s for s, names in registry.STAGE_PARAMS.items() if "transport" in names]
+    assert takes == ["03_kernel_test", "04_serve", "05_sweep", "06_multicomm", "07_train"]
+
+
+# ---- per-rank gates --------------------------------------------------------------------------
+def nccl_log(world: int, settings: dict[int, dict[str, str]]) -> str:
+    """One process per rank on two hosts: NCCL's ENV lines, then its communicator's Init COMPLETE."""
+    lines = []
+    for rank in range(world):
+        host, pid = f"node-{rank // 8}", 4000 + rank
+        for var, value in settings.get(rank, {}).items():
+            lines.append(f"{host}:{pid}:{pid} [{rank % 8}] NCCL INFO {var} set by environment "
+                         f"to {value}.")
+        lines.append(f"{host}:{pid}:{pid} [{rank % 8}] NCCL INFO ncclCommInitRank comm "
+                     f"0x55{rank:04x} rank {rank} nranks {world} cudaDev {rank % 8} nvmlDev "
+                     f"{rank % 8} busId 1000 commId 0x1 - Init COMPLETE")
+    return "\n".join(lines) + "\n"
+
+
+TYPE5 = {"NCCL_GIN_TYPE": "5", "NCCL_SYM_GIN_KERNELS_ENABLE": "0"}
+
+
+def test_type5_gates_pass_when_every_rank_read_both_settings():
+    text = nccl_log(16, {r: TYPE5 for r in range(16)})
+    gates = vllm_logs.transport_gates(text, 16, "efa_gin_type5", log_name="pods")
+    assert [g["status"] for g in gates] == ["PASS", "PASS"]
+    assert gates[0]["observed"]["ranks"] == list(range(16))
+    assert gates[0]["evidence"][0].startswith("pods:1: node-0:4000:4000 [0] NCCL INFO "
+                                              "NCCL_GIN_TYPE set by environment to 5.")
+    assert vllm_logs.transport_gates(text, 16, "efa") == []
+
+
+def test_type5_gates_fail_on_a_rank_without_it_and_on_a_rank_on_the_proxy():
+    missing = {r: TYPE5 for r in range(16) if r != 11}
+    gin = vllm_logs.transport_gates(nccl_log(16, missing), 16, "efa_gin_type5")[0]
+    assert gin["status"] == "FAIL" and gin["observed"]["missing"] == [11]
+    proxy = {**{r: TYPE5 for r in range(16)}, 3: {"NCCL_GIN_TYPE": "2"}}
+    gin, sym = vllm_logs.transport_gates(nccl_log(16, proxy), 16, "efa_gin_type5")
+    assert gin["status"] == "FAIL" and "another value than 5" in gin["reason"]
+    assert any("NCCL_GIN_TYPE set by environment to 2" in e for e in gin["evidence"])
+    assert sym["status"] == "FAIL" and sym["observed"]["missing"] == [3]
+    none = env_setting_per_rank(nccl_log(16, {}), 16, "NCCL_GIN_TYPE", "5")
+    assert none["status"] == "FAIL" and "NCCL_DEBUG=INFO without ENV" in none["reason"]
+
+
+def timeouts_log(world: int, values: dict[int, tuple[int, int]]) -> str:
+    return "".join(f"(EngineCore_DP{r} pid={900 + r}) [guide-0002] DeepEPV2All2AllManager rank "
+                   f"{r}/{world}: ElasticBuffer num_gpu_timeout_secs={g} num_cpu_timeout_secs={c}\n"
+                   for r, (g, c) in values.items())
+
+
+APPLIED = [{"site": "/s/vllm-site", "patches": [
+    {"pin": "vllm_patch_deepep_v2_expert_ids", "unchanged": True},
+    {"pin": "vllm_patch_deepep_v2_timeouts", "unchanged": True}]}]
+
+
+def test_the_timeout_line_is_gated_on_every_rank_only_where_the_site_applied_0002():
+    every = timeouts_log(16, {r: (600, 600) for r in range(16)})
+    assert vllm_logs.elastic_timeouts_gate(every, 16, site_patches=APPLIED)["status"] == "PASS"
+    # a run recorded before 0002 (its site_patches lists 0001 alone, or none): SKIP, never FAIL
+    before = [{"site": "/s", "patches": [APPLIED[0]["patches"][0]]}]
+    for recorded in (before, [], None):
+        g = vllm_logs.elastic_timeouts_gate("", 16, site_patches=recorded)
+        assert g["status"] == "SKIP" and "defaults (GPU 100 s, CPU 300 s)" in g["reason"]
+    edited = [{"site": "/s", "patches": [{**APPLIED[0]["patches"][1], "unchanged": False}]}]
+    assert vllm_logs.elastic_timeouts_gate(every, 16, site_patches=edited)["status"] == "SKIP"
+    short = timeouts_log(16, {r: (600, 600) for r in range(16) if r != 9})
+    g = vllm_logs.elastic_timeouts_gate(short, 16, site_patches=APPLIED)
+    assert g["status"] == "FAIL" and g["observed"]["missing"] == [9]
+    low = timeouts_log(16, {**{r: (600, 600) for r in range(16)}, 4: (100, 300)})
+    g = vllm_logs.elastic_timeouts_gate(low, 16, site_patches=APPLIED)
+    assert g["status"] == "FAIL" and "rank(s) 4 built" in g["reason"]
+
+
+# ---- patch 0002 against vLLM 0.24.0's own file ---------------------------------------------------
+@pytest.mark.skipif(shutil.which("patch") is None, reason="Missing required program: patch")
+def test_patch_0002_applies_to_vllm_0_24_0s_file_and_passes_and_prints_the_timeouts(tmp_path):
+    site = tmp_path / "vllm-site"
+    (site / ALL2ALL).parent.mkdir(parents=True)
+    (site / ALL2ALL).write_bytes(ALL2ALL_0_24.read_bytes())
+    dry = subprocess.run(["patch", "-p1", "--dry-run", "--forward", "--batch", "-d", str(site),
+                          "-i", str(PATCH_0002)], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    before = (site / ALL2ALL).read_text()
+    assert "num_gpu_timeout_secs" not in before  # vLLM 0.24.0 passes no timeout
+    subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d",
+                    str(site), "-i", str(PATCH_0002)], check=True, capture_output=True,
+                   timeout=60)
+    after = (site / ALL2ALL).read_text()
+    assert "**self._timeouts," in after and "[guide-0002] DeepEPV2All2AllManager rank" in after
+    compile(after, ALL2ALL, "exec")  # still Python
+    assert site_patches.sha256_file(PATCH_0002) == pins.load()["pins"][
+        "vllm_patch_deepep_v2_timeouts"]["sha256"]
+    line = ('[guide-0002] DeepEPV2All2AllManager rank 0/16: ElasticBuffer '
+            'num_gpu_timeout_secs=600 num_cpu_timeout_secs=600')
+    assert vllm_logs._TIMEOUTS_RE.search(line)

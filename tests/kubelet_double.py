@@ -681,7 +681,22 @@ def evict(double: KubeletDouble, namespace: str, name: str, *, resource: str = "
     st.fault = {"exit_code": 137, "reason": "Error", "pod_reason": "Evicted",
                 "pod_message": message, "at": time.time()}
     double._patch(st, pod, "Failed")
+    event(double, st, "Evicted", message)  # the eviction manager's own event
     return message
+
+
+def event(double: KubeletDouble, st: PodState, reason: str, message: str) -> None:
+    """A Warning event of the pod from the kubelet of its node (source component kubelet, host
+    the node), as `kubectl get events` lists it: what remains of a pod its controller replaced."""
+    now = _ts(time.time())
+    double._api.post(f"/api/v1/namespaces/{st.namespace}/events", {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{st.name}.{_hex(st.uid, reason)[:16]}", "namespace": st.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": st.name,
+                           "namespace": st.namespace, "uid": st.uid},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "source": {"component": "kubelet", "host": st.node},
+        "firstTimestamp": now, "lastTimestamp": now})
 
 
 NODE_LOST_REASON = "NodeStatusUnknown"

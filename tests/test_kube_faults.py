@@ -119,7 +119,9 @@ def test_a_container_oomkilled_mid_serve_fails_naming_pod_node_and_exit(env, tmp
 
 def test_a_pod_evicted_mid_serve_fails_quoting_the_kubelet(env, tmp_path):
     """The node's memory pressure: the kubelet evicts vllm-1 (phase Failed, reason Evicted, its
-    eviction message). The FAIL names the pod, the node and quotes the message."""
+    eviction message, its Evicted event); the real StatefulSet controller then deletes the
+    Failed pod and makes it anew (measured: by the serve's last look it has). The FAIL names the
+    first pod's node and quotes the eviction message, read from the kubelet's event."""
     said = {}
 
     def evict(pod):
@@ -132,6 +134,7 @@ def test_a_pod_evicted_mid_serve_fails_quoting_the_kubelet(env, tmp_path):
     assert f"pod vllm-1 on node {node}: Evicted: The node was low on resource: memory. " \
            "Container vllm was using 2013265920Ki, which exceeds its request of 1800Gi." \
            in failed[HELD]
+    assert "(the pod replaced by its controller)" in failed[HELD]
     assert said["message"].startswith("The node was low on resource: memory. ")
     assert env.objects_left() == []
 

@@ -364,7 +364,9 @@ class KubePlace(Place):
             yield server
         finally:
             if not self.plans_only and server.ready:  # looked at once more as it ends
-                add(held_gate(self.pod_status(server.pods), lambda n: self._json("get", "node", n),
+                add(held_gate(self.pod_status(server.pods), server.ready_pods,
+                              lambda n: self._json("get", "node", n), lambda uid: self._json(
+                                  "get", "events", "--field-selector", f"involvedObject.uid={uid}"),
                               [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]))
             if not self.plans_only and not p.get("keep"):
                 if lws:
@@ -394,7 +396,7 @@ class KubePlace(Place):
             return
         ready = all(s and is_ready(s) for s in statuses.values())
         logs = {pod: self.pod_log(pod, statuses.get(pod)) for pod in server.pods}
-        server.ready = ready
+        server.ready, server.ready_pods = ready, (statuses if ready else {})
         server.ready_s = round(self.door.now() - started, 1) if ready else None
         evidence = [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]
         absent = [pod for pod, s in statuses.items() if not s]

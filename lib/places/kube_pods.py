@@ -36,6 +36,7 @@ class KubeServer(ClusterServer):
     cluster."""
     pods: list[str] = field(default_factory=list)
     service: str = ""
+    ready_pods: dict[str, dict] = field(default_factory=dict)  # as they were when Ready
 
     @property
     def url(self) -> str:
@@ -231,11 +232,34 @@ def node_condition(node: dict | None) -> str | None:
     return None
 
 
-def held_through(pods: dict[str, dict | None], nodes: dict[str, dict | None]) -> dict[str, str]:
+def uid_of(pod: dict | None) -> str | None:
+    return ((pod or {}).get("metadata") or {}).get("uid")
+
+
+def events_said(got: dict | None) -> str | None:
+    """The Warning events of `kubectl get events -o json` as '<reason>: <message>' ('; '-joined):
+    what the kubelet said of a pod that is gone (Evicted, with its eviction message)."""
+    said = [f"{e.get('reason')}: {(e.get('message') or '').strip()}"
+            for e in (got or {}).get("items") or [] if e.get("type") == "Warning"]
+    return "; ".join(said) or None
+
+
+def held_through(pods: dict[str, dict | None], nodes: dict[str, dict | None],
+                 before: dict[str, dict] | None = None,
+                 said_of: dict[str, str | None] | None = None) -> dict[str, str]:
     """Every pod of a serve that was Ready and is not now, with why: its status' trouble, else
-    its node's Ready condition, else 'not Ready' (or 'gone'). `nodes`: node name -> the Node."""
+    its node's Ready condition, else 'not Ready' (or 'gone'). `nodes`: node name -> the Node.
+    A pod whose uid is not the one it had when Ready (`before`) was replaced by its controller
+    (a StatefulSet deletes a Failed pod and makes it anew): why is what the events said of the
+    first one (`said_of`: uid -> events_said), on the first one's node."""
     lost = {}
     for name, pod in pods.items():
+        first = (before or {}).get(name)
+        if first and uid_of(first) != uid_of(pod):
+            said = (said_of or {}).get(uid_of(first)) or "no event kept of why"
+            lost[name] = (f"{where_pod(name, first)}: {said} (the pod "
+                          f"{'replaced by its controller' if pod else 'gone'})")
+            continue
         if pod is None:
             lost[name] = f"pod {name}: gone"
             continue
@@ -249,15 +273,18 @@ def held_through(pods: dict[str, dict | None], nodes: dict[str, dict | None]) ->
     return lost
 
 
-def held_gate(pods: dict[str, dict | None], get_node, evidence: list[str]):
-    """The gate of a serve that was Ready, looked at once more as it ends: every pod still
-    Ready, none OOMKilled, evicted, or on a node gone NotReady (held_through: the pod, its node
-    and the status' reason). `get_node(name)`: the Node as kubectl gets it (or None)."""
+def held_gate(pods: dict[str, dict | None], before: dict[str, dict], get_node, get_events,
+              evidence: list[str]):
+    """The gate of a serve that was Ready (`before`: its pods then), looked at once more as it
+    ends: every pod the same and still Ready, none OOMKilled, evicted (or replaced after it),
+    or on a node gone NotReady (held_through: the pod, its node and the reason).
+    `get_node(name)`, `get_events(uid)`: the Node, the events of a pod, as kubectl gets them."""
     from lib.core.evidence import gate
 
     nodes = {node: get_node(node) for node in sorted(
         {node_of(p) for p in pods.values() if p and not is_ready(p)} - {None})}
-    lost = held_through(pods, nodes)
+    gone = [uid_of(p) for n, p in before.items() if uid_of(p) != uid_of(pods.get(n))]
+    lost = held_through(pods, nodes, before, {uid: events_said(get_events(uid)) for uid in gone})
     return gate("every pod held through the serve", not lost,
                 {pod: phase_of(p) for pod, p in pods.items()}, "every pod Ready",
                 "; ".join(lost.values()) if lost else

@@ -146,11 +146,13 @@ class LocalSlurm:
         self.env: dict[str, str] = {}
         self.timings: dict[str, float] = {}  # seconds: "munged", "slurmctld", "idle" (from start)
         self.gres_gpus = 0
+        self.conf_lines: tuple[str, ...] = ()  # the caller's slurm.conf lines (start())
 
     # ---------------------------------------------------------------- start
 
     def start(self, workdir: Path, nodes: int = 2, cpus_per_node: int | None = None,
-              gres_gpus: int = 0, timeout: float = 60.0) -> "LocalSlurm":
+              gres_gpus: int = 0, timeout: float = 60.0,
+              conf_lines: tuple[str, ...] = ()) -> "LocalSlurm":
         """Write the configuration and start munged, slurmctld and one slurmd per node; return
         once ``sinfo`` shows every node idle (LocalSlurmError after ``timeout`` seconds, naming
         the last sinfo output and the daemons' log tails). ``gres_gpus`` > 0 declares
@@ -158,7 +160,9 @@ class LocalSlurm:
         ``cpus_per_node`` defaults to min(2, this host's CPUs): every slurmd sees the whole
         host, and a node configured with more CPUs than that registers INVAL, unless slurmd
         takes the configured ones (SlurmdParameters=config_overrides, written when more are
-        asked: a task per GPU of 8-GPU nodes needs 8 CPUs a node)."""
+        asked: a task per GPU of 8-GPU nodes needs 8 CPUs a node). ``conf_lines``: slurm.conf
+        lines of the caller's (``Key=Value`` replacing this fixture's line of that key, e.g.
+        ReturnToService=1; any other, e.g. a PartitionName=..., appended)."""
         if self.procs:
             raise LocalSlurmError("already started")
         self.pids, self.timings = {}, {}
@@ -173,6 +177,7 @@ class LocalSlurm:
                 f"workdir {workdir} is longer than {MAX_WORKDIR_CHARS} characters: unix socket "
                 "paths under it (munge, slurmstepd) would not fit in 108 bytes")
         self.workdir, self.cpus_per_node, self.gres_gpus = workdir, cpus_per_node, gres_gpus
+        self.conf_lines = tuple(conf_lines)
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         for sub in ("munge", "state", "log", "run", *(f"spool/{n}" for n in self.nodes)):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
@@ -254,6 +259,7 @@ class LocalSlurm:
                 f"{node_gres} State=UNKNOWN")
         nodelist = ",".join(self.nodes)
         lines.append(f"PartitionName=test Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP")
+        lines = with_lines(lines, self.conf_lines)
         self.conf.write_text("\n".join(lines) + "\n")
         (wd / "plugstack.conf").write_text("")
         if gres:
@@ -567,4 +573,19 @@ def parse_scontrol(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for m in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)", text.strip()):
         out[m.group(1)] = m.group(2)
+    return out
+
+
+def with_lines(lines: list[str], extra: tuple[str, ...]) -> list[str]:
+    """slurm.conf `lines` with `extra`'s: a one-key line (``Key=Value``) replaces the line of
+    that key, every other is appended (Slurm reads one value per key; a second one would be
+    a duplicate, not an override)."""
+    out = list(lines)
+    for line in extra:
+        key, sep, value = line.partition("=")
+        at = [i for i, old in enumerate(out) if old.startswith(key + "=")]
+        if sep and " " not in value and at and key != "PartitionName" and key != "NodeName":
+            out[at[0]] = line
+        else:
+            out.append(line)
     return out

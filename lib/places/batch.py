@@ -175,6 +175,11 @@ def queue_argv(jobid: str) -> list[str]:
     return ["squeue", "-h", "-j", str(jobid), "-o", "%T|%r|%N"]
 
 
+def show_job_argv(jobid: str) -> list[str]:
+    """The job as slurmctld keeps it (MinJobAge s after it ends): JobState, Reason, Restarts."""
+    return ["scontrol", "-o", "show", "job", str(jobid)]
+
+
 def sinfo_argv(partition: str = "") -> list[str]:
     return ["sinfo", "-N", "-h", *([f"--partition={partition}"] if partition else []),
             "-o", "%N|%P|%T|%c|%m|%G|%f"]
@@ -467,6 +472,18 @@ def parse_steps(text: str) -> list[tuple[str, str]]:
         if sep and step:
             out.append((step, name))
     return out
+
+
+# slurmstepd's line of a step (or job) Slurm ended, in the task's stderr: "*** STEP 7.0 ON n1
+# CANCELLED AT 2026-12-04T03:16:12 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"
+_ENDED = re.compile(r"\*\*\* (STEP|JOB) (\S+) ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?"
+                    r"(?:,[^*]*)? \*\*\*")
+
+
+def parse_ended(text: str | None) -> list[dict[str, str]]:
+    """slurmstepd's CANCELLED lines -> [{what, id, node, due}] (due '' for a plain scancel)."""
+    return [{"what": m.group(1), "id": m.group(2), "node": m.group(3), "due": m.group(4) or ""}
+            for m in _ENDED.finditer(text or "")]
 
 
 def parse_rc(text: str | None) -> int | None:

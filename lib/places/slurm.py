@@ -49,6 +49,7 @@ from typing import Any
 
 from lib.core.door import REPO_ROOT, Background, CallResult
 from lib.core.errors import NotAllocated, PlaceError, Unsupported
+from lib.core.evidence import gate
 import lib.places.batch as batch  # the module, not the package (no cycle through it)
 from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob
 from lib.places.cluster import DEEPEP_IN_IMAGE, wait_until
@@ -62,6 +63,11 @@ PROBE_TIMEOUT_S = 300.0  # the node probe step
 RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillWait, epilogs)
 POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
 STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
+FATE_TIMEOUT_S = 30.0  # a failed step's job until it leaves COMPLETING (KillWait, epilogs)
+# job states in which Slurm, not the ranks, ended the job (squeue(1)'s JOB STATE CODES)
+SLURM_ENDED = ("BOOT_FAIL", "DEADLINE", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "REQUEUED",
+               "REQUEUE_FED", "REQUEUE_HOLD", "TIMEOUT")
+NODE_OUT = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")  # scontrol's node states out of service
 
 
 class SlurmPlace(SlurmServing, Place):
@@ -274,11 +280,16 @@ class SlurmPlace(SlurmServing, Place):
                 script_name=f"guide-{batch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
                 cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus,
                 **self._in_image()), timeout=timeout, label=f"{job.name} on {job.nodes} node(s)")
+            # Slurm's account, read before the guide's scancel makes every job CANCELLED
+            fate = None if call.ok or call.timed_out else self._job_fate(jobid, names)
         except NotAllocated as why:
             return self._never_ran(job, str(why), why.timed_out)
         finally:
             self.release(jobid)
-        return self._node_runs(job, base, call)
+        runs = self._node_runs(job, base, call)
+        if fate is not None:
+            self._add_fate_gate(job.name, jobid, fate, runs, call.stderr)
+        return runs
 
     def _node_runs(self, job: RankJob, base: str, call: CallResult) -> list[NodeRun]:
         """Each node's files, read once the job has ended: its rc from the wrapper's .rc file,
@@ -300,6 +311,62 @@ class SlurmPlace(SlurmServing, Place):
                                 err if err is not None else call.stderr,
                                 call.timed_out and rc != 0, streams + [srun_stream]))
         return runs
+
+    def _job_fate(self, jobid: str, names: list[str]) -> dict[str, Any]:
+        """After a step ended non-zero: the job as slurmctld says it once it has left
+        COMPLETING (a node failure or a preemption requeues it: PENDING, Restarts counted; a
+        time limit: TIMEOUT) and each of its nodes' State and Reason. scontrol, not sacct:
+        sacct needs the cluster's accounting (the test Slurm has none: 'Slurm accounting
+        storage is disabled'); scontrol answers on every cluster while slurmctld keeps the job
+        (MinJobAge s after it ends)."""
+        def look(elapsed) -> tuple[bool, dict[str, str]]:
+            call = self.door.run(batch.show_job_argv(jobid), timeout=QUERY_TIMEOUT_S,
+                                 check=False)
+            job = batch.parse_scontrol(call.stdout) if call.ok else {}
+            return job.get("JobState") != "COMPLETING", job
+
+        job = wait_until(self.door, look, FATE_TIMEOUT_S, poll_s=POLL_FIRST_S, max_poll_s=1.0)
+        shown = self.door.run(batch.show_node_argv(",".join(names)), timeout=QUERY_TIMEOUT_S,
+                              check=False)
+        nodes = {raw["NodeName"]: {"state": raw.get("State", "?"),
+                                   "reason": raw.get("Reason", "")}
+                 for raw in map(batch.parse_scontrol, shown.stdout.splitlines())
+                 if "NodeName" in raw}
+        return {"job": job or {}, "nodes": nodes}
+
+    def _add_fate_gate(self, label: str, jobid: str, fate: dict[str, Any], runs: list[NodeRun],
+                       srun_stderr: str) -> None:
+        """The FAIL naming the step, the node and the reason as Slurm says them, when Slurm
+        ended the step (slurmstepd's CANCELLED ... DUE TO line, a node DOWN or DRAINED, a job
+        requeued or ended by its time limit); nothing when the ranks failed by themselves (the
+        first-failure triage names those)."""
+        ended = list({(e["id"], e["node"], e["due"]): e for e in batch.parse_ended(
+            "\n".join([srun_stderr, *(r.stderr for r in runs)]))}.values())
+        job, nodes = fate["job"], fate["nodes"]
+        bad = {n: v for n, v in nodes.items() if any(w in v["state"] for w in NODE_OUT)}
+        state, restarts = job.get("JobState", "gone"), job.get("Restarts", "0")
+        if not (any(e["due"] for e in ended) or bad or state in SLURM_ENDED
+                or restarts not in ("", "0")):
+            return
+        step = next((e for e in ended if e["due"]), ended[0] if ended else None)
+        said = [f"{step['what'].lower()} {step['id']} on {step['node']} CANCELLED"
+                f"{' DUE TO ' + step['due'] if step['due'] else ''} (slurmstepd)" if step
+                else "no slurmstepd line"]
+        said += [f"node {n} {v['state']}, reason {v['reason'] or 'none given'!r}"
+                 for n, v in bad.items()] or [f"its nodes {', '.join(nodes) or '?'} up"]
+        said.append(f"job {jobid} {state} (reason {job.get('Reason', '?')}, time limit "
+                    f"{job.get('TimeLimit', '?')} = time_limit_min "
+                    f"{self.stage['time_limit_min']}"
+                    f"{', requeued by Slurm: Restarts=' + restarts if restarts not in ('', '0') else ''}"
+                    "), then cancelled by the guide")
+        streams = list(dict.fromkeys(s for r in runs for s in r.streams))
+        self.stage.add(gate(
+            f"{label}: Slurm's account of the step", False,
+            {"step": step, "job_state": state, "job_reason": job.get("Reason"),
+             "restarts": restarts, "time_limit": job.get("TimeLimit"),
+             "time_limit_min": self.stage["time_limit_min"], "nodes": nodes,
+             "source": "slurmstepd's line; scontrol show job and show node"},
+            "the step ends by itself on nodes that stay up", "; ".join(said), streams))
 
     def _never_ran(self, job: RankJob, reason: str, timed_out: bool) -> list[NodeRun]:
         return [NodeRun(rank, None, "", reason, timed_out, []) for rank in range(job.nodes)]

@@ -4,8 +4,11 @@ plays setup.py), test_ep's argv and env exactly, and the gates on the real 2x H2
 (../shared/fixtures/deepep-test_ep-2xh200/) and on failures derived from them."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -386,6 +389,202 @@ def test_test_ep_env_refuses(change, name):
                   nccl_site=None)
     with pytest.raises(ParameterError, match=f"'{name}'"):
         deepep.test_ep_env(**{**kwargs, **change})
+
+
+# ---- the two launch forms -----------------------------------------------------------------------
+NODE1 = dict(nodes=2, node_rank=1, master_addr="test-ep-0.test-ep.ns.svc", rdzv_port=8361)
+
+
+def test_test_ep_argv_torchrun_form_exact():
+    """The cluster form: torchrun, one rank per GPU, the static rendezvous on node 0's port;
+    each rank enters test_ep through lib.bench.test_ep_rank, given the port, test_ep.py and
+    the same test_ep flags as the spawn form."""
+    argv = deepep.test_ep_argv(**{**SHAPE, "num_processes": 8}, launcher="torchrun", **NODE1)
+    assert argv == [
+        "python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2",
+        "--node-rank=1", "--master-addr=test-ep-0.test-ep.ns.svc", "--master-port=8361",
+        "-m", "lib.bench.test_ep_rank", "8361", "/w/DeepEP/tests/elastic/test_ep.py",
+        "--num-processes", "8", "--num-tokens", "128", "--hidden", "7168", "--num-topk", "8",
+        "--num-experts", "256", "--test-first-only"]
+    spawn = deepep.test_ep_argv(**{**SHAPE, "num_processes": 8}, **NODE1)  # the node is unused
+    assert spawn[2:] == argv[12:] and spawn[:2] == ["python3", argv[11]]
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"launcher": "mpirun"}, "launcher"), ({"master_addr": None}, "master_addr"),
+    ({"rdzv_port": None}, "rdzv_port"), ({"node_rank": 2}, "node_rank"), ({"nodes": 0}, "nodes"),
+])
+def test_test_ep_argv_torchrun_form_refuses(change, name):
+    with pytest.raises(ParameterError, match=f"'{name}'"):
+        deepep.test_ep_argv(**SHAPE, **{"launcher": "torchrun", **NODE1, **change})
+
+
+def test_test_ep_env_torchrun_form_leaves_init_dist_s_counts_to_the_wrapper():
+    """Under torchrun the node's process is torchrun's agent: WORLD_SIZE, RANK and MASTER_PORT
+    are torchrun's to give each worker and lib.bench.test_ep_rank's to rewrite, so none is set;
+    the rest is the spawn form's."""
+    env = deepep.test_ep_env(**NODE1, transport="efa", nccl_site=None, launcher="torchrun")
+    spawn = deepep.test_ep_env(**NODE1, transport="efa", nccl_site=None)
+    assert env == {k: v for k, v in spawn.items() if k not in ("WORLD_SIZE", "RANK",
+                                                               "MASTER_PORT")}
+    assert env["MASTER_ADDR"] == NODE1["master_addr"]
+    with pytest.raises(ParameterError, match="'launcher'"):
+        deepep.test_ep_env(**NODE1, transport="efa", nccl_site=None, launcher="srun")
+
+
+# ---- lib.bench.test_ep_rank: test_ep's per-rank entry under torchrun ----------------------------
+# A stand-in for tests/elastic/test_ep.py in its shape at the pins: test_loop(local_rank,
+# num_local_ranks, args) the per-rank entry, an init_dist of deep_ep/utils/envs.py's contract
+# (gloo here: no GPU), and a __main__ block whose argparse builds `args` and whose last line
+# spawns. It imports no torch at the top, so a spawn line that ran would fail on `torch`.
+FAKE_TEST_EP = """\
+import argparse
+import json
+import os
+
+
+def init_dist(local_rank, num_local_ranks):
+    import torch.distributed as dist
+    ip = os.getenv('MASTER_ADDR', '127.0.0.1')
+    port = int(os.getenv('MASTER_PORT', '8361'))
+    num_nodes = int(os.getenv('WORLD_SIZE', 1))
+    node_rank = int(os.getenv('RANK', 0))
+    dist.init_process_group(backend='gloo', init_method=f'tcp://{ip}:{port}',
+                            world_size=num_nodes * num_local_ranks,
+                            rank=node_rank * num_local_ranks + local_rank)
+    return dist
+
+
+def test_loop(local_rank, num_local_ranks, args):
+    record = {'local_rank': local_rank, 'num_local_ranks': num_local_ranks, 'args': vars(args),
+              'env': {k: os.environ.get(k) for k in ('WORLD_SIZE', 'RANK', 'MASTER_ADDR',
+                                                       'MASTER_PORT')}}
+    if os.environ.get('FAKE_INIT_DIST') == '1':
+        import torch
+        dist = init_dist(local_rank, num_local_ranks)
+        out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, torch.tensor([dist.get_rank()]))
+        record['rank'], record['gathered'] = dist.get_rank(), [int(t) for t in out]
+        dist.destroy_process_group()
+    name = f"{os.environ['GROUP_RANK']}-{local_rank}.json"
+    with open(os.path.join(os.environ['FAKE_OUT'], name), 'w') as fh:
+        json.dump(record, fh)
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description='a stand-in of test_ep')
+    parser.add_argument('--num-processes', type=int, default=8)
+    parser.add_argument('--num-tokens', type=int, default=4096)
+    parser.add_argument('--hidden', type=int, default=7168)
+    parser.add_argument('--num-topk', type=int, default=6)
+    parser.add_argument('--num-experts', type=int, default=256)
+    parser.add_argument('--test-first-only', action='store_true')
+    parser.add_argument('--skip-check', action='store_true')
+    args = parser.parse_args()
+    num_processes = args.num_processes
+    torch.multiprocessing.spawn(test_loop, args=(num_processes, args), nprocs=num_processes)
+"""
+TORCHRUN_WORKER = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+                   "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                   "WORLD_SIZE": "4", "RANK": "3", "MASTER_ADDR": "node-0", "MASTER_PORT": "1"}
+
+
+@pytest.fixture
+def fake_test_ep(tmp_path) -> Path:
+    folder = tmp_path / "DeepEP" / "tests" / "elastic"
+    folder.mkdir(parents=True)
+    (folder / "test_ep.py").write_text(FAKE_TEST_EP)
+    (tmp_path / "out").mkdir()
+    return folder / "test_ep.py"
+
+
+def run_rank(script: Path, env: dict[str, str], *flags: str, port: str = "8361"):
+    base = {k: v for k, v in os.environ.items() if k not in TORCHRUN_WORKER}
+    return subprocess.run([sys.executable, "-m", deepep.TEST_EP_RANK_MODULE, port, str(script),
+                           *flags], env={**base, "FAKE_OUT": str(script.parents[3] / "out"),
+                                          **env}, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_wrapper_calls_test_loop_with_init_dist_s_contract_and_test_ep_s_own_args(
+        fake_test_ep):
+    """torchrun's worker 3 of 4 (node 1, local rank 1): test_loop(1, 2, args) with the args
+    test_ep's own parser made of the flags (its defaults kept), and WORLD_SIZE = nodes (2),
+    RANK = node rank (1), MASTER_PORT = the rendezvous port, MASTER_ADDR as torchrun set it."""
+    done = run_rank(fake_test_ep, TORCHRUN_WORKER, "--num-processes", "2", "--num-tokens",
+                    "128", "--test-first-only")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((fake_test_ep.parents[3] / "out" / "1-1.json").read_text())
+    assert record == {
+        "local_rank": 1, "num_local_ranks": 2,
+        "args": {"num_processes": 2, "num_tokens": 128, "hidden": 7168, "num_topk": 6,
+                 "num_experts": 256, "test_first_only": True, "skip_check": False},
+        "env": {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "node-0", "MASTER_PORT": "8361"}}
+
+
+@pytest.mark.parametrize("env, flags, why", [
+    ({k: v for k, v in TORCHRUN_WORKER.items() if k != "GROUP_RANK"}, ["--num-processes", "2"],
+     "GROUP_RANK not set: run under torchrun"),
+    ({**TORCHRUN_WORKER, "TORCHELASTIC_USE_AGENT_STORE": "False"}, ["--num-processes", "2"],
+     "would try to bind port 8361"),
+    (TORCHRUN_WORKER, ["--num-processes", "8"], "--num-processes 8 but torchrun started 2"),
+])
+def test_the_wrapper_refuses_what_would_number_the_ranks_wrong(fake_test_ep, env, flags, why):
+    done = run_rank(fake_test_ep, env, *flags)
+    assert done.returncode == 1 and why in done.stderr, done.stderr
+    assert not list((fake_test_ep.parents[3] / "out").iterdir())  # test_loop never ran
+
+
+def test_the_wrapper_refuses_a_test_ep_whose_main_block_does_not_end_in_its_spawn(fake_test_ep):
+    fake_test_ep.write_text(FAKE_TEST_EP.replace("    torch.multiprocessing.spawn(",
+                                                 "    print(").replace("nprocs=num_processes",
+                                                                       "sep=''"))
+    done = run_rank(fake_test_ep, TORCHRUN_WORKER, "--num-processes", "2")
+    assert done.returncode == 1 and "not test_ep's torch.multiprocessing.spawn" in done.stderr
+    done = run_rank(fake_test_ep, TORCHRUN_WORKER, "--num-processes", "2", port="p")
+    assert done.returncode == 1 and "usage:" in done.stderr
+
+
+def test_under_the_real_torchrun_two_nodes_of_two_ranks_meet_through_init_dist_s_contract(
+        fake_test_ep, tmp_path):
+    """The real torchrun, two agents on this host as nodes 0 and 1 (static rendezvous on one
+    port, 2 ranks each), test_ep's argv in the cluster form: every rank's init_dist-shaped
+    init_process_group(tcp://MASTER_ADDR:MASTER_PORT, world = nodes x 2, rank = node x 2 +
+    local) joins torchrun's agent store and the four all_gather their ranks. torchrun's own
+    lines on its stderr (recorded here) leave the test_ep parser's reading of a log unchanged."""
+    with socket.socket() as probe:  # a free port for the rendezvous, as the door finds one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = []
+    for node in (0, 1):
+        argv = deepep.test_ep_argv(python=sys.executable, tests_dir=fake_test_ep.parent,
+                                   num_processes=2, num_tokens=128, hidden=7168, num_topk=8,
+                                   num_experts=256, launcher="torchrun", nodes=2, node_rank=node,
+                                   master_addr="127.0.0.1", rdzv_port=port)
+        env = {**{k: v for k, v in os.environ.items() if k not in TORCHRUN_WORKER
+                  and k != "OMP_NUM_THREADS"}, "FAKE_OUT": str(tmp_path / "out"),
+               "FAKE_INIT_DIST": "1"}
+        procs.append(subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    records = {f.stem: json.loads(f.read_text()) for f in (tmp_path / "out").iterdir()}
+    assert sorted(records) == ["0-0", "0-1", "1-0", "1-1"]
+    for key, rec in records.items():
+        node, local = map(int, key.split("-"))
+        assert rec["rank"] == node * 2 + local and rec["gathered"] == [0, 1, 2, 3]
+        assert rec["env"] == {"WORLD_SIZE": "2", "RANK": str(node), "MASTER_ADDR": "127.0.0.1",
+                              "MASTER_PORT": str(port)}
+        assert (rec["num_local_ranks"], rec["args"]["num_processes"]) == (2, 2)
+    torchrun_lines = outs[0][1]
+    assert "OMP_NUM_THREADS" in torchrun_lines  # torchrun's banner, as a pod's log holds it
+    from tests import compose  # noqa: PLC0415
+
+    logs = compose.compose_test_ep(tmp_path / "logs")
+    plain = "\n".join(p.read_text() for p in logs)
+    mixed = "\n".join(torchrun_lines + p.read_text() for p in logs)
+    assert testep.parse_test_ep_text(mixed, source="x") == testep.parse_test_ep_text(plain,
+                                                                                     source="x")
 
 
 # ---- gates on the real logs ---------------------------------------------------------------------

@@ -26,8 +26,10 @@ import yaml
 
 from kubeplane import kube_plane, plane_unavailable_reason  # noqa: F401 - the fixture
 from lib.core.errors import ParameterError
+from lib.engines import deepep
 from lib.engines.vllm_args import CLI_MODULE
 from lib.places import manifests as mf
+from lib.places.kube_files import guide_files
 from lib.places import stream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def everything() -> dict[str, list[dict]]:
         "allgather": mf.vllm_objects(**{**SERVE, "backend": "allgather_reducescatter",
                                         "image": TAGGED, "hf_token_secret": None,
                                         "python": "/usr/bin/python3", "enforce_eager": False}),
-        "kernel": kernel_objects(timeout_s=1800),
+        "kernel": kernel_objects(timeout_s=1800, modules=guide_files(deepep.TEST_EP_MODULES)),
         "probes": [mf.node_probe_pod(run_id=RUN, node=n, image=IMAGE) for n in NODES],
         "aiperf": [mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv)],
     }
@@ -440,22 +442,98 @@ def test_parameters_are_checked_before_anything_is_rendered():
 
 
 def test_rank_objects_make_node_0_the_rendezvous_by_dns():
+    """test_ep's pods (kernel_test_objects, the kube place's form): torchrun on every node,
+    one rank per GPU, --nnodes=2, the pod's node rank, the rendezvous on pod 0's DNS name and
+    the rendezvous port; lib.bench.test_ep_rank gets that port (init_dist's MASTER_PORT); the
+    env sets none of WORLD_SIZE/RANK/MASTER_PORT (torchrun's to set, the wrapper's to rewrite)."""
     objects = kernel_objects()
     service, pods = objects[0], objects[1:]
     assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == "test-ep"
+    master = "test-ep-0.test-ep.deepep-repro.svc"
     for rank, pod in enumerate(pods):
         spec = pod["spec"]
         assert (spec["hostname"], spec["subdomain"]) == (f"test-ep-{rank}", "test-ep")
         assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
         c = spec["containers"][0]
         env = env_of(c)
-        assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_PORT"]) == ("2", str(rank), str(mf.RDZV_PORT))
-        assert env["MASTER_ADDR"] == "test-ep-0.test-ep.deepep-repro.svc"
+        assert not {"WORLD_SIZE", "RANK", "MASTER_PORT"} & set(env)
+        assert env["MASTER_ADDR"] == master
         assert env["FI_PROVIDER"] == "efa" and env["NCCL_GIN_TYPE"] == "2"
         assert c["command"][:3] == ["env", "-u", "NVSHMEM_IB_ENABLE_IBGDA"]
-        argv = c["command"][3:]
-        assert argv[1].endswith("tests/elastic/test_ep.py") and ("--num-processes", "8") in pairs(argv)
+        argv = c["command"][c["command"].index("python3"):]
+        assert argv[:12] == [
+            "python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2",
+            f"--node-rank={rank}", f"--master-addr={master}", f"--master-port={mf.RDZV_PORT}",
+            "-m", "lib.bench.test_ep_rank", str(mf.RDZV_PORT),
+            "/opt/DeepEP/tests/elastic/test_ep.py"]
+        assert ("--num-processes", "8") in pairs(argv)
         assert "--skip-check" not in argv and spec["restartPolicy"] == "Never"
+        assert [v["name"] for v in spec["volumes"]] == ["dshm"]  # no modules asked: no ConfigMap
+    assert [o["kind"] for o in objects] == ["Service", "Pod", "Pod"]
+
+
+def test_a_rank_job_s_guide_files_ride_in_its_configmap_mounted_at_one_folder():
+    """The files a job's processes import: one ConfigMap `<job>-modules` labelled like the job's
+    other objects, each file a key ('/' as '.') put back at its path by the volume's items,
+    mounted read-only at /opt/guide, and /opt/guide first on PYTHONPATH at the process's start."""
+    modules = guide_files(deepep.TEST_EP_MODULES)
+    objects = kernel_objects(modules=modules)
+    assert [o["kind"] for o in objects] == ["Service", "ConfigMap", "Pod", "Pod"]
+    config = objects[1]
+    assert config["metadata"]["name"] == "test-ep-modules"
+    group = objects[0]["metadata"]["labels"][mf.GROUP_LABEL]
+    assert config["metadata"]["labels"][mf.GROUP_LABEL] == group == "test-ep"
+    assert config["metadata"]["labels"][mf.RUN_LABEL] == mf.run_label_value(RUN)
+    assert config["data"] == {
+        "lib.__init__.py": "", "lib.bench.__init__.py": modules["lib/bench/__init__.py"],
+        "lib.bench.test_ep_rank.py": (REPO / "lib/bench/test_ep_rank.py").read_text()}
+    for pod in objects[2:]:
+        spec = pod["spec"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] != "dshm"]
+        assert volume["configMap"]["name"] == "test-ep-modules"
+        assert volume["configMap"]["items"] == [{"key": p.replace("/", "."), "path": p}
+                                                for p in deepep.TEST_EP_MODULES]
+        c = spec["containers"][0]
+        assert {"name": volume["name"], "mountPath": "/opt/guide", "readOnly": True} \
+            in c["volumeMounts"]
+        assert c["command"][:4] == mf.PYTHONPATH_PREFIX
+        assert c["command"][4:7] == ["env", "-u", "NVSHMEM_IB_ENABLE_IBGDA"]
+
+
+@pytest.mark.parametrize("image_pythonpath, expected", [
+    (None, "/opt/guide"), ("/opt/aiperf", "/opt/guide:/opt/aiperf")])
+def test_the_pythonpath_prefix_puts_the_guide_first_and_keeps_the_image_s_own(
+        image_pythonpath, expected):
+    """Run by the real sh, as the pod's start runs it: the image's PYTHONPATH (an ENV the pod
+    spec cannot read) stays after the guide's folder, and the command runs with its argv."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if image_pythonpath:
+        env["PYTHONPATH"] = image_pythonpath
+    done = subprocess.run([*mf.PYTHONPATH_PREFIX, sys.executable, "-S", "-c",
+                           "import os, sys; print(os.environ['PYTHONPATH'], sys.argv[1:])",
+                           "a b", "c"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == f"{expected} ['a b', 'c']"
+
+
+@pytest.mark.parametrize("modules, why", [
+    ({"lib/a.b.py": "", "lib/a/b.py": ""}, "distinct and valid"),
+    ({"lib/big.py": "x" * (mf.MODULES_MAX_BYTES + 1)}, f"at most {mf.MODULES_MAX_BYTES} bytes"),
+])
+def test_a_configmap_of_guide_files_refuses_clashing_keys_and_too_many_bytes(modules, why):
+    with pytest.raises(ParameterError, match="modules") as err:
+        kernel_objects(modules=modules)
+    assert why in str(err.value)
+
+
+def test_the_guide_files_of_the_jobs_are_well_under_the_cap():
+    """Today's files (03's and 07's) are a small part of what one ConfigMap may hold."""
+    from lib.stages.train import TRAIN_MODULES
+
+    for paths in (deepep.TEST_EP_MODULES, TRAIN_MODULES):
+        size = sum(len(p.encode()) + len(t.encode()) for p, t in guide_files(paths).items())
+        assert size < mf.MODULES_MAX_BYTES / 4, (paths, size)
+    assert mf.MODULES_MAX_BYTES <= 256 * 1024 // 2  # under kubectl apply's annotation cap
 
 
 # ---- the node probe, run by sh ------------------------------------------------------------------
@@ -608,7 +686,7 @@ def test_the_control_plane_accepts_them_and_refuses_a_gpu_request_unlike_its_lim
                               input=mf.to_yaml([job]))
     assert "ttlSecondsAfterFinished" not in json.loads(proc.stdout)["spec"]
     # A GPU request unlike its limit: the schema passes it, the API server refuses it.
-    pod = json.loads(json.dumps(kinds["kernel"][1]))
+    pod = json.loads(json.dumps(next(o for o in kinds["kernel"] if o["kind"] == "Pod")))
     pod["spec"]["containers"][0]["resources"]["requests"][mf.GPU_RESOURCE] = "4"
     proc = kube_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=mf.to_yaml([pod]),
                               check=False)

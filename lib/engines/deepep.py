@@ -3,16 +3,27 @@
 (intranode NVLink, GIN off).
 
 - ``build_deepep_argv``: the argv of docker/build_deepep.sh for a pin of pins.yaml.
-- ``test_ep_argv``: ``python <DeepEP>/tests/elastic/test_ep.py --num-processes N ...``, one
-  process per node; test_ep spawns the N per-GPU ranks itself (``torch.multiprocessing.spawn``).
-  Correctness checks stay ON: ``--skip-check`` is refused (the published gate 1 ran with
+- ``test_ep_argv``: test_ep.py with ``--num-processes N ...`` in one of two launch forms
+  (``LAUNCHERS``): ``spawn``, ``python <DeepEP>/tests/elastic/test_ep.py ...`` once per node,
+  test_ep spawning its N per-GPU ranks itself (``torch.multiprocessing.spawn``): the form of one
+  host, known to work (the committed 2x H200 runs); ``torchrun``, one process per GPU under
+  ``python -m torch.distributed.run`` (``--nnodes``, ``--node-rank``, the static rendezvous on
+  node 0's ``--master-port``), each calling test_ep's per-rank entry through
+  lib.bench.test_ep_rank: the cluster form, because spawn overflows NCCL's 256-node topology
+  XML cap on p5en and the public reproduction ran test_ep under torchrun (ANCHORS 1.3 and 4).
+  Correctness checks stay ON in both: ``--skip-check`` is refused (the published gate 1 ran with
   ``skip_check=True``, ANCHORS 1.3 and 4), and so is every flag test_ep.py does not define at the
   pins read (``--iters`` is V's, never test_ep's).
 - ``test_ep_env``: test_ep's ``init_dist`` contract (``deep_ep/utils/envs.py`` at both pins):
   ``WORLD_SIZE`` = number of NODES, ``RANK`` = node rank, ``MASTER_ADDR``, ``MASTER_PORT`` = the
   rendezvous port; ranks are ``node_rank * num_processes + local_rank``. Plus lib.transport's
-  contract for the transport. (Under torchrun, ``WORLD_SIZE``/``RANK`` would be torchrun's
-  process counts: the reason R's wrapper rewrote them, ANCHORS 1.3 and 4.)
+  contract for the transport. Under torchrun the node's process is torchrun's agent, which gives
+  each worker its own ``WORLD_SIZE``/``RANK`` (process counts) and ``MASTER_PORT``: the env then
+  sets none of the three, and lib.bench.test_ep_rank rewrites them in every worker from
+  torchrun's ``GROUP_WORLD_SIZE``/``GROUP_RANK`` and the rendezvous port in its argv (R's
+  wrapper did the same, ANCHORS 1.3).
+- ``TEST_EP_MODULES``: the guide's files a torchrun rank imports (the kube place ships them to
+  its pods; lib.places.base.RankJob.modules).
 Its gates (exit code, every rank's lines, dispatch+combine p50, the contract, the EFA provider on
 every rank) are lib.measure.testep's.
 
@@ -34,6 +45,12 @@ from lib.engines.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, deepep_python
 
 BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
+LAUNCHERS = ("spawn", "torchrun")
+TEST_EP_RANK_MODULE = "lib.bench.test_ep_rank"  # torchrun's per-rank entry into test_ep
+# What a torchrun rank of test_ep imports of the guide: the wrapper (stdlib only) and its
+# packages (lib/__init__.py is empty, lib/bench/__init__.py a docstring); tests/test_guide_modules.py
+# imports it with only these files on sys.path.
+TEST_EP_MODULES = ("lib/__init__.py", "lib/bench/__init__.py", "lib/bench/test_ep_rank.py")
 
 # argparse flags of tests/elastic/test_ep.py, "value" (takes one) or "switch" (store_true), read
 # at each pin (identical at both: add_argument lines 522-554 at b306af06, 568-600 at dd758ca).
@@ -104,17 +121,50 @@ def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max
 # ---- the kernel test: argv and env --------------------------------------------------------------
 def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_tokens: int,
                  hidden: int, num_topk: int, num_experts: int, test_first_only: bool = True,
-                 extra: Iterable[str] = (), deepep_commit: str | None = None) -> list[str]:
-    """``python <tests_dir>/test_ep.py --num-processes N --num-tokens T --hidden H --num-topk K
-    --num-experts E [--test-first-only] [extra...]``, run once per node.
+                 extra: Iterable[str] = (), deepep_commit: str | None = None,
+                 launcher: str = "spawn", nodes: int = 1, node_rank: int = 0,
+                 master_addr: str | None = None, rdzv_port: int | None = None) -> list[str]:
+    """test_ep.py's argv on one node, ``--num-processes N --num-tokens T --hidden H --num-topk K
+    --num-experts E [--test-first-only] [extra...]``, in the ``launcher``'s form:
+
+    - ``spawn``: ``python <tests_dir>/test_ep.py <flags>``; test_ep spawns the N ranks.
+    - ``torchrun``: ``python -m torch.distributed.run --nproc-per-node=N --nnodes=<nodes>
+      --node-rank=<node_rank> --master-addr=<master_addr> --master-port=<rdzv_port> -m
+      lib.bench.test_ep_rank <rdzv_port> <tests_dir>/test_ep.py <flags>``: torchrun starts the N
+      ranks, each calls test_ep's test_loop (lib.bench.test_ep_rank).
 
     ``tests_dir`` is the DeepEP checkout's ``tests/elastic``. ``extra`` flags must exist in
     test_ep.py at ``deepep_commit`` (None: at every pin read, ``TEST_EP_FLAGS``); refused:
     ``REFUSED_FLAGS`` (``--skip-check`` above all) and the flags this function sets itself.
     """
-    flags = _flags_at(deepep_commit)
+    if launcher not in LAUNCHERS:
+        raise ParameterError("launcher", launcher, ", ".join(LAUNCHERS))
+    flags = _test_ep_flags(num_processes=num_processes, num_tokens=num_tokens, hidden=hidden,
+                           num_topk=num_topk, num_experts=num_experts,
+                           test_first_only=test_first_only, extra=extra,
+                           deepep_commit=deepep_commit)
     _nonempty("python", python)
-    _nonempty("tests_dir", tests_dir)
+    script = str(Path(_nonempty("tests_dir", tests_dir)) / TEST_EP_SCRIPT)
+    if launcher == "spawn":
+        argv = [str(python), script, *flags]
+    else:
+        _check_node(nodes, node_rank)
+        _nonempty("master_addr", master_addr)
+        _port("rdzv_port", rdzv_port)
+        argv = [str(python), "-m", "torch.distributed.run", f"--nproc-per-node={num_processes}",
+                f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
+                f"--master-port={rdzv_port}", "-m", TEST_EP_RANK_MODULE, str(rdzv_port), script,
+                *flags]
+    assert "--skip-check" not in argv and not any(a.startswith("--skip-check=") for a in argv), \
+        "test_ep must run with its correctness checks"
+    return argv
+
+
+def _test_ep_flags(*, num_processes: int, num_tokens: int, hidden: int, num_topk: int,
+                   num_experts: int, test_first_only: bool, extra: Iterable[str],
+                   deepep_commit: str | None) -> list[str]:
+    """test_ep.py's own flags (either launch form), checked."""
+    flags = _flags_at(deepep_commit)
     for name, value in (("num_processes", num_processes), ("num_tokens", num_tokens),
                         ("hidden", hidden), ("num_topk", num_topk),
                         ("num_experts", num_experts)):
@@ -127,16 +177,11 @@ def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_
     if not isinstance(test_first_only, bool):
         raise ParameterError("test_first_only", test_first_only, "True or False")
     extra = _check_extra(list(extra) if not isinstance(extra, str) else [extra], flags)
-    argv = [str(python), str(Path(tests_dir) / TEST_EP_SCRIPT),
-            "--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
-            "--hidden", str(hidden), "--num-topk", str(num_topk),
-            "--num-experts", str(num_experts)]
+    out = ["--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
+           "--hidden", str(hidden), "--num-topk", str(num_topk), "--num-experts", str(num_experts)]
     if test_first_only:
-        argv.append("--test-first-only")
-    argv += extra
-    assert "--skip-check" not in argv and not any(a.startswith("--skip-check=") for a in argv), \
-        "test_ep must run with its correctness checks"
-    return argv
+        out.append("--test-first-only")
+    return out + extra
 
 
 def _flags_at(deepep_commit: str | None) -> dict[str, str]:
@@ -186,12 +231,15 @@ def _check_extra(extra: list[str], flags: Mapping[str, str]) -> list[str]:
 
 def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int, transport: str,
                 nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH,
-                deepep_dir: str | Path | None = None, inherited_pythonpath: str | None = None
-                ) -> dict[str, str]:
-    """The environment of the one test_ep process on node ``node_rank`` of ``nodes``.
+                deepep_dir: str | Path | None = None, inherited_pythonpath: str | None = None,
+                launcher: str = "spawn") -> dict[str, str]:
+    """The environment of test_ep's process on node ``node_rank`` of ``nodes`` (``spawn``: test_ep
+    itself; ``torchrun``: torchrun's agent, whose workers inherit it).
 
     test_ep's ``init_dist``: ``WORLD_SIZE`` = nodes, ``RANK`` = node rank, ``MASTER_ADDR``,
-    ``MASTER_PORT`` = ``rdzv_port`` (the same on every node). Plus
+    ``MASTER_PORT`` = ``rdzv_port`` (the same on every node). Under ``torchrun`` only
+    ``MASTER_ADDR`` is set here: torchrun sets the other three in each worker, and
+    lib.bench.test_ep_rank rewrites them to init_dist's meaning (the port from its argv). Plus
     ``lib.transport.transport_env(transport, nccl_site=...)`` ('efa' on the cluster,
     'intranode_nvlink' on one machine: EP_DISABLE_GIN=1 and the NCCL preload), and, when
     ``nccl_site`` is given, DeepEP's own NCCL root variables pointing into it
@@ -203,15 +251,11 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
     installed): PYTHONPATH = ``lib.transport.deepep_pythonpath(nccl_site, deepep_dir,
     inherited_pythonpath)``; it needs ``nccl_site``.
     """
-    _positive_int("nodes", nodes)
-    if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
-            or not 0 <= node_rank < nodes:
-        raise ParameterError("node_rank", node_rank,
-                             f"an integer in 0..{nodes - 1} (nodes={nodes})")
+    _check_node(nodes, node_rank)
     _nonempty("master_addr", master_addr)
-    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) \
-            or not 1 <= rdzv_port <= 65535:
-        raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
+    _port("rdzv_port", rdzv_port)
+    if launcher not in LAUNCHERS:
+        raise ParameterError("launcher", launcher, ", ".join(LAUNCHERS))
     if transport not in TRANSPORTS:
         raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
     if transport == "intranode_nvlink" and not nccl_site:
@@ -221,14 +265,11 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
     if transport == "intranode_nvlink" and nodes != 1:
         raise ParameterError("nodes", nodes, "1 on the intranode_nvlink transport (one machine's "
                              "NVLink; across nodes the transport is efa)")
-    env = {
-        "WORLD_SIZE": str(nodes),
-        "RANK": str(node_rank),
-        "MASTER_ADDR": str(master_addr),
-        "MASTER_PORT": str(rdzv_port),
-        "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
-    }
+    env = ({"WORLD_SIZE": str(nodes), "RANK": str(node_rank)} if launcher == "spawn" else {})
+    env["MASTER_ADDR"] = str(master_addr)
+    if launcher == "spawn":
+        env["MASTER_PORT"] = str(rdzv_port)
+    env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"})
     if nccl_site is not None:
         root = str(Path(_nonempty("nccl_site", nccl_site)) / "nvidia" / "nccl")
         env["EP_NCCL_ROOT_DIR"] = root
@@ -248,6 +289,20 @@ test_ep_env.__test__ = False  # type: ignore[attr-defined]
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ParameterError(name, value, "an integer >= 1")
+    return value
+
+
+def _check_node(nodes, node_rank) -> None:
+    _positive_int("nodes", nodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
+            or not 0 <= node_rank < nodes:
+        raise ParameterError("node_rank", node_rank,
+                             f"an integer in 0..{nodes - 1} (nodes={nodes})")
+
+
+def _port(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ParameterError(name, value, "an integer port in 1..65535")
     return value
 
 

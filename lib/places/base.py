@@ -89,13 +89,21 @@ class NodeRank:
 @dataclass
 class RankJob:
     """One process per node, each spawning its ranks (torchrun, or test_ep's own spawner).
-    `argv` and `env` are asked per node; `env` holds only what is set over the place's own."""
+    `argv` and `env` are asked per node; `env` holds only what is set over the place's own.
+
+    `modules`: the guide's files its processes import (paths relative to the repository root,
+    packages' __init__.py included), for a place whose nodes do not hold the checkout: the kube
+    place mounts them into every pod (lib.places.kube_files) and puts them on PYTHONPATH. The
+    local place runs in the checkout and the slurm place's steps start in it (a shared file
+    system; pyxis mounts it as the working directory), so both import the guide from there and
+    ignore the field."""
     name: str
     argv: Callable[[NodeRank], list[str]]
     env: Callable[[NodeRank], dict[str, str]]
     timeout_s: float
     nodes: int = 1
     cwd: Path | None = None
+    modules: tuple[str, ...] = ()
 
 
 @dataclass

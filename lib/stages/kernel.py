@@ -171,23 +171,32 @@ def beside_bounds(rows: list[dict], bounds_at: dict | None) -> list[dict]:
 
 
 def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
-    """DeepEP's own tests/elastic/test_ep.py at `num_tokens` (one process per node; it spawns a
-    rank per GPU), correctness on, over the place's transport (lib.engines.transport: EFA on a
-    cluster, where the published contract gates the p50; NVLink with GIN off on one machine)."""
+    """DeepEP's own tests/elastic/test_ep.py at `num_tokens`, correctness on, over the place's
+    transport (lib.engines.transport: EFA on a cluster, where the published contract gates the
+    p50; NVLink with GIN off on one machine). On one machine test_ep spawns a rank per GPU
+    itself (the form the committed 2x H200 runs ran); across nodes torchrun starts one process
+    per GPU, each calling test_ep's per-rank entry (lib.engines.deepep.LAUNCHERS: why)."""
     place = places.for_stage(stage)
     tests_dir = Path(place.deepep_dir()) / "tests" / "elastic"
-    argv = deepep.test_ep_argv(python=place.python, tests_dir=tests_dir,
-                               num_processes=cfg["nproc"], num_tokens=num_tokens,
-                               hidden=cfg["hidden"], num_topk=cfg["num_topk"],
-                               num_experts=cfg["num_experts"])
-    job = RankJob(f"test_ep at {num_tokens} tokens", argv=lambda node: argv,
+    launcher = "spawn" if place.one_machine else "torchrun"
+
+    def argv(node: NodeRank) -> list[str]:
+        return deepep.test_ep_argv(python=place.python, tests_dir=tests_dir,
+                                   num_processes=cfg["nproc"], num_tokens=num_tokens,
+                                   hidden=cfg["hidden"], num_topk=cfg["num_topk"],
+                                   num_experts=cfg["num_experts"], launcher=launcher,
+                                   nodes=node.nodes, node_rank=node.rank,
+                                   master_addr=node.master_addr, rdzv_port=node.port)
+
+    job = RankJob(f"test_ep at {num_tokens} tokens", argv=argv,
                   env=lambda node: deepep.test_ep_env(
                       nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
                       rdzv_port=node.port, transport=place.transport,
                       nccl_site=place.nccl_site(),
                       deepep_dir=place.deepep_dir() if place.nccl_site() else None,
-                      inherited_pythonpath=os.environ.get("PYTHONPATH")),
-                  timeout_s=TEST_EP_TIMEOUT_S, nodes=stage["nodes"])
+                      inherited_pythonpath=os.environ.get("PYTHONPATH"), launcher=launcher),
+                  timeout_s=TEST_EP_TIMEOUT_S, nodes=stage["nodes"],
+                  modules=deepep.TEST_EP_MODULES if launcher == "torchrun" else ())
     runs = place.run_ranks(job)
     streams = [s for run in runs for s in run.streams]
     text = "\n".join(run.stdout + "\n" + run.stderr for run in runs)

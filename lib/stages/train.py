@@ -21,6 +21,12 @@ from lib.places import RankJob, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
 
 TRAIN_TIMEOUT_S = 900  # the CPU run takes about 10 s; a cluster's first NCCL init can take minutes
+# What a rank imports of the guide (`python3 -m lib.bench.moe_train`, which imports
+# lib.bench.megatron_shims; lib/__init__.py is empty, lib/bench/__init__.py a docstring): the kube
+# place ships these to its pods, whose image holds no lib/ (tests/test_guide_modules.py imports
+# them with only these files on sys.path).
+TRAIN_MODULES = ("lib/__init__.py", "lib/bench/__init__.py", "lib/bench/moe_train.py",
+                 "lib/bench/megatron_shims.py")
 
 
 def train_config(stage: Stage, gpus: int) -> TrainConfig:
@@ -44,7 +50,7 @@ def run_training(stage: Stage, cfg: TrainConfig, name: str) -> tuple[dict, list,
                       cfg, nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
                       port=node.port, python=place.python),
                   env=lambda node: megatron.train_env(node.master_addr),
-                  timeout_s=TRAIN_TIMEOUT_S, nodes=stage["nodes"])
+                  timeout_s=TRAIN_TIMEOUT_S, nodes=stage["nodes"], modules=TRAIN_MODULES)
     runs = place.run_ranks(job)
     streams = list(dict.fromkeys(s for r in runs for s in r.streams))
     ranks = training.parse_ranks("\n".join(r.stdout + "\n" + r.stderr for r in runs))

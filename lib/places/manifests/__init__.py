@@ -15,7 +15,9 @@ The modules, by what they render (every name below is re-exported here, so
   devices, hugepages) in the line format `PROBE_FORMAT` describes; `parse_probe_log` reads it.
 - `ranks`: `rank_objects`, a multi-node job of one process per node (DeepEP's test_ep, which
   spawns its own per-GPU ranks, or torchrun): a headless Service plus one Pod per node; node 0
-  is the rendezvous by DNS. `kernel_test_objects` fills it from lib.engines.deepep.
+  is the rendezvous by DNS. `kernel_test_objects` fills it from lib.engines.deepep. The
+  guide's files the job imports ride in its ConfigMap (`modules_configmap`), mounted at
+  GUIDE_MOUNT.
 - `serve`: `serve_render` checks a serve's parameters once into a ServeRender, which every serve
   renderer reads; `vllm_objects`: the serve as a StatefulSet (pod 0 the leader, the others
   `--headless` workers), a headless Service for the rendezvous and a second Service, for HTTP,
@@ -55,7 +57,9 @@ from lib.places.manifests.probe import (  # noqa: F401
     PROBE_NAME_PREFIX, PROBE_PREFIX, PROBE_STAGE, node_probe_pod, parse_probe_log, probe_pod_name,
     probe_script)
 from lib.places.manifests.ranks import (  # noqa: F401
-    DEFAULT_RANK_NAME, KERNEL_STAGE, NODE_RANK_LABEL, RDZV_PORT, kernel_test_objects, rank_objects)
+    DEFAULT_RANK_NAME, GUIDE_MOUNT, KERNEL_STAGE, MODULES_MAX_BYTES, MODULES_SUFFIX,
+    NODE_RANK_LABEL, PYTHONPATH_PREFIX, RDZV_PORT, kernel_test_objects, module_key,
+    modules_configmap, rank_objects)
 from lib.places.manifests.serve import (  # noqa: F401
     DP_RPC_PORT, MODEL_CACHE_PATH, POD_NAME_LABEL, READINESS_PERIOD_S, SERVE_STAGE,
     EngineCommands, ServeRender, engine_commands, entrypoint_script, pinned_model_default,

@@ -1,11 +1,14 @@
 """Rank jobs: a multi-node job of one process per node (DeepEP's test_ep, which spawns its own
 per-GPU ranks, or torchrun): a headless Service plus one Pod per node; node 0 is the rendezvous
-by DNS. `kernel_test_objects` fills it from lib.engines.deepep.
+by DNS. `kernel_test_objects` fills it from lib.engines.deepep. The guide's files its processes
+import (`modules`: the image holds no `lib/`) travel as the job's ConfigMap (`modules_configmap`),
+mounted read-only at GUIDE_MOUNT in every pod and first on its PYTHONPATH.
 
 Pure: parameters in, plain dicts out.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from lib.core.errors import ParameterError
@@ -26,6 +29,22 @@ DEFAULT_RANK_NAME = "test-ep"
 KERNEL_STAGE = "03_kernel_test"  # the stage that renders it (lib.stages.registry's name)
 # test_ep's init_dist default MASTER_PORT at b306af06 (ANCHORS 1.3).
 RDZV_PORT = 8361
+# Where a rank job's guide files are mounted (their package layout kept: lib/bench/x.py there).
+GUIDE_MOUNT = "/opt/guide"
+GUIDE_VOLUME = "guide"
+MODULES_SUFFIX = "-modules"  # the job's ConfigMap: <job>-modules
+# A ConfigMap holds at most 1 MiB of data, but `kubectl apply` (client-side) also copies the
+# whole object into its kubectl.kubernetes.io/last-applied-configuration annotation, and an
+# object's annotations may hold at most 256 KiB (apimachinery's TotalAnnotationSizeLimitB,
+# 262144 bytes): that is the cap that binds. Half of it leaves room for the JSON escaping of
+# the source (every newline and quote) and the object's metadata.
+MODULES_MAX_BYTES = 128 * 1024
+# The job's files first on PYTHONPATH, an image's own PYTHONPATH kept after them: a pod spec
+# cannot read an image's ENV (Kubernetes expands only the container's own variables), so the
+# process's start does it.
+PYTHONPATH_PREFIX = ["sh", "-c",
+                     f'export PYTHONPATH="{GUIDE_MOUNT}${{PYTHONPATH:+:$PYTHONPATH}}"; exec "$@"',
+                     "guide-modules"]
 
 
 def _unset_prefix(transport: str) -> list[str]:
@@ -47,14 +66,18 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
                  cpu: str | None = None, memory: str | None = None,
                  tolerations: Sequence[Mapping[str, Any]] | None = None,
                  transport: str = "efa", plugin_path: str = DEFAULT_PLUGIN_PATH,
-                 needs_gdrcopy: bool = True, timeout_s: float | None = None) -> list[dict]:
+                 needs_gdrcopy: bool = True, timeout_s: float | None = None,
+                 modules: Mapping[str, str] | None = None) -> list[dict]:
     """A headless Service `name` and one Pod per node (`<name>-<rank>`, hostname and subdomain
     set, so node 0 is `rendezvous_host(name, namespace)`), each running `argv(node)` with
     `env(node)` over the transport's contract (lib.engines.transport.transport_env; a value
     that contradicts the contract is refused; its unset variables are removed at the process's
     start with `env -u`). One pod per node (required anti-affinity), on `instance_type` nodes;
     requests == limits for GPUs, EFA devices, hugepages, memory and cpu; privileged only when
-    `needs_gdrcopy` (DeepEP over EFA), with PRIVILEGED_WHY beside it."""
+    `needs_gdrcopy` (DeepEP over EFA), with PRIVILEGED_WHY beside it. `modules` ({path relative
+    to the repository root: text}, lib.places.kube_files.guide_files): the ConfigMap
+    `<name>-modules` holding them, mounted read-only at GUIDE_MOUNT in every pod, GUIDE_MOUNT
+    first on PYTHONPATH (PYTHONPATH_PREFIX)."""
     nodes = _positive("nodes", nodes)
     name, namespace = _name("name", name), _namespace(namespace)
     image, pull = _image(image)
@@ -72,21 +95,15 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
     objects: list[dict] = [_headless_service(
         name=name, namespace=namespace, meta_labels={**labels(run_id, stage, "rendezvous"), **group},
         selector=group, ports=[("rendezvous", rdzv_port)])]
+    if modules:
+        objects.append(modules_configmap(name=name, namespace=namespace, modules=modules,
+                                         meta_labels={**labels(run_id, stage, "modules"),
+                                                      **group}))
     for rank in range(nodes):
         node = NodeRank(rank, nodes, master, rdzv_port)
-        own = {str(k): str(v) for k, v in dict(env(node)).items()}
-        _no_token_values("env", own)
-        clash = sorted(k for k in own if k in contract and own[k] != contract[k])
-        if clash:
-            raise ParameterError("env", {k: own[k] for k in clash},
-                                 f"the {transport} contract's values (lib.engines.transport): "
-                                 + ", ".join(f"{k}={contract[k]}" for k in clash))
-        gone = sorted(set(own) & set(unset_vars(transport)))
-        if gone:
-            raise ParameterError("env", gone, f"none of {', '.join(gone)}: the {transport} "
-                                 "transport requires them unset")
-        full_env = {**contract, **own}
-        command = _unset_prefix(transport) + [str(a) for a in argv(node)]
+        full_env = _node_env(env(node), contract, transport)
+        command = ((PYTHONPATH_PREFIX if modules else []) + _unset_prefix(transport)
+                   + [str(a) for a in argv(node)])
         _check_kube_expansion(f"{name}-{rank}", command + list(full_env.values()), full_env)
         container = {
             "name": "rank",
@@ -98,11 +115,14 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
             "resources": _resources(gpus=gpus, efa=efa, hugepages=hugepages_2mi, cpu=cpu,
                                     memory=memory),
             "securityContext": _security(needs_gdrcopy),
-            "volumeMounts": [{"name": "dshm", "mountPath": SHM_PATH}],
+            "volumeMounts": [{"name": "dshm", "mountPath": SHM_PATH}] + (
+                [{"name": GUIDE_VOLUME, "mountPath": GUIDE_MOUNT, "readOnly": True}]
+                if modules else []),
         }
         spec = _gpu_pod_spec(container=container, instance_type=instance_type,
                              tolerations=tolerations, affinity_selector=group,
-                             restart_policy="Never")
+                             restart_policy="Never",
+                             extra_volumes=[modules_volume(name, modules)] if modules else ())
         spec["hostname"] = f"{name}-{rank}"
         spec["subdomain"] = name
         if timeout_s is not None:
@@ -118,6 +138,62 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
     return objects
 
 
+def _node_env(own: Mapping[str, str], contract: Mapping[str, str], transport: str) -> dict:
+    """A node's env over the transport's contract; a value contradicting the contract, a
+    variable the transport needs unset, or a token value is refused."""
+    own = {str(k): str(v) for k, v in dict(own).items()}
+    _no_token_values("env", own)
+    clash = sorted(k for k in own if k in contract and own[k] != contract[k])
+    if clash:
+        raise ParameterError("env", {k: own[k] for k in clash},
+                             f"the {transport} contract's values (lib.engines.transport): "
+                             + ", ".join(f"{k}={contract[k]}" for k in clash))
+    gone = sorted(set(own) & set(unset_vars(transport)))
+    if gone:
+        raise ParameterError("env", gone, f"none of {', '.join(gone)}: the {transport} "
+                             "transport requires them unset")
+    return {**contract, **own}
+
+
+def module_key(path: str) -> str:
+    """A file's ConfigMap key: its path with '/' as '.' (a key holds no '/'; its volume item's
+    `path` puts the file back at `path`)."""
+    return str(path).replace("/", ".")
+
+
+def modules_configmap(*, name: str, namespace: str, modules: Mapping[str, str],
+                      meta_labels: Mapping[str, str]) -> dict:
+    """The ConfigMap `<name>-modules`: one key per file (module_key), refused when two paths
+    share a key or the files pass MODULES_MAX_BYTES."""
+    data: dict[str, str] = {}
+    for path, text in modules.items():
+        key = module_key(path)
+        if key in data or not _CONFIGMAP_KEY.match(key):
+            raise ParameterError("modules", sorted(modules), "paths whose ConfigMap keys ('/' as "
+                                 f"'.') are distinct and valid; {path} gives {key!r}")
+        data[key] = str(text)
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
+    if size > MODULES_MAX_BYTES:
+        raise ParameterError("modules", f"{len(data)} files, {size} bytes",
+                             f"at most {MODULES_MAX_BYTES} bytes in all (kubectl apply's "
+                             "last-applied annotation caps an object at 256 KiB)")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name + MODULES_SUFFIX, "namespace": namespace,
+                         "labels": dict(meta_labels)},
+            "data": data}
+
+
+def modules_volume(name: str, modules: Mapping[str, str]) -> dict:
+    """The pods' volume of the job's ConfigMap: each key back at its path, read-only files."""
+    return {"name": GUIDE_VOLUME, "configMap": {
+        "name": name + MODULES_SUFFIX, "defaultMode": 0o444,
+        "items": [{"key": module_key(path), "path": str(path)} for path in modules]}}
+
+
+# ConfigMap keys: letters, digits, '-', '_', '.' (at most 253)
+_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
 def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
                         num_tokens: int, hidden: int, num_topk: int, num_experts: int,
                         python: str = "python3", extra: Iterable[str] = (),
@@ -125,23 +201,26 @@ def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
                         instance_type: str = DEFAULT_INSTANCE_TYPE,
                         gpus_per_node: int | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
                         **pod_params: Any) -> list[dict]:
-    """DeepEP's test_ep on `nodes` nodes: rank_objects with lib.engines.deepep's argv (one
-    process per node, `--num-processes` = GPUs per node) and env (WORLD_SIZE = nodes, RANK =
-    node rank, MASTER_ADDR = node 0's DNS name, MASTER_PORT = the rendezvous port)."""
+    """DeepEP's test_ep on `nodes` nodes, as the kube place runs it: rank_objects with
+    lib.engines.deepep's torchrun form (one rank per GPU, `--nproc-per-node` = `--num-processes`
+    = GPUs per node, --nnodes, the node rank, the rendezvous on node 0's DNS name and port) and
+    env. `pod_params` may carry `modules` (the job's guide files: lib.engines.deepep's
+    TEST_EP_MODULES as lib.places.kube_files.guide_files reads them)."""
     gpus = _count("gpus_per_node", gpus_per_node, _instance(instance_type).gpus)
     extra = list(extra)
 
     def argv(node: NodeRank) -> list[str]:
         return test_ep_argv(python=python, tests_dir=tests_dir, num_processes=gpus,
                             num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
-                            num_experts=num_experts, extra=extra, deepep_commit=deepep_commit)
+                            num_experts=num_experts, extra=extra, deepep_commit=deepep_commit,
+                            launcher="torchrun", nodes=node.nodes, node_rank=node.rank,
+                            master_addr=node.master_addr, rdzv_port=node.port)
 
     def env(node: NodeRank) -> dict[str, str]:
         return test_ep_env(nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
                            rdzv_port=node.port, transport="efa", nccl_site=None,
-                           plugin_path=plugin_path)
+                           plugin_path=plugin_path, launcher="torchrun")
 
     return rank_objects(run_id=run_id, image=image, nodes=nodes, argv=argv, env=env, name=name,
                         instance_type=instance_type, gpus_per_node=gpus,
                         plugin_path=plugin_path, **pod_params)
-

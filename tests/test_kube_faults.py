@@ -175,60 +175,94 @@ def stderr_of(run: Path, entry: dict) -> str:
     return (run / entry["stderr"]).read_text() if entry.get("stderr") else ""
 
 
-def test_the_api_server_restarting_mid_stage_is_retried_and_nothing_applied_twice(env, tmp_path):
-    """The real kube-apiserver stopped as 03 starts (its apply meets a refused connection) and
-    again while 03 waits on its pods: every kubectl call that failed for want of it was tried
-    again (each try in the transcript, kubectl's "connection ... refused" in its stderr); the
-    apply that failed was followed by a get of the same file before it was applied again, once;
-    the stage's gates PASS as if nothing happened."""
+def restart_when(plane, ready, down_s: float = 2.0) -> tuple[threading.Thread, dict]:
+    """A thread that restarts the plane's real kube-apiserver (down `down_s`) once `ready()`."""
+    took = {}
+
+    def restart():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not ready():
+            time.sleep(0.2)
+        took.update(plane.restart_apiserver(down_s=down_s))
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    return thread, took
+
+
+def test_the_api_server_restarting_while_a_stage_waits_is_retried_within_its_deadline(
+        env, tmp_path):
+    """The real kube-apiserver stopped and started again while 03 waits on its pods: each look
+    that met a refused connection was tried again (each try in the transcript, kubectl's own
+    "connection ... refused" in its stderr), the pods' end seen once it was back; applied once;
+    every gate PASSes."""
     name = "test-ep-at-128-tokens"
     for rank, log in enumerate(compose.compose_test_ep(tmp_path / "logs")):
         env.double.add_script(Script(f"{name}-{rank}", {
             "*": Container(log=log, exit_code=0, image_id=IMAGE_ID)},
-            running_after=6.0, exit_after=0.5, pod_ips="10.244.0.0/16"))
-    plane, took = env.plane, {}
-    plane.stop_apiserver()
-
-    def restarts():
-        time.sleep(3.0)
-        took["first_start_s"] = plane.start_apiserver()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the pods applied: now the stage waits on them
-            try:
-                if plane.get_json("pods", "-n", env.namespace)["items"]:
-                    break
-            except Exception:  # noqa: BLE001 - the API server may still be settling
-                pass
-            time.sleep(0.2)
-        took["second"] = plane.restart_apiserver(down_s=3.0)
-
-    thread = threading.Thread(target=restarts, daemon=True)
-    thread.start()
+            running_after=5.0, exit_after=0.5, pod_ips="10.244.0.0/16"))
+    plane = env.plane
+    thread, took = restart_when(plane, lambda: bool(env.objects_left()))
     run = tmp_path / "run"
     try:
-        stage = env.stage("03_kernel_test", run, test_ep_tokens="128", job_timeout_s=120)
+        stage = env.stage("03_kernel_test", run, test_ep_tokens="128")
         kernel.run(stage)
         stage.finish()
     finally:
-        thread.join(timeout=120)
+        thread.join(timeout=90)
         if not plane.is_running():
             plane.start_apiserver()
+    assert took["start_s"] > 0  # it was restarted, during the wait
     assert fails(stage) == {}, fails(stage)
-    refused = [e for e in kubectl_runs(run, "get") + kubectl_runs(run, "apply")
-               if e["rc"] != 0 and "was refused - did you specify the right host or port?"
-               in stderr_of(run, e)]
-    assert len(refused) >= 2, len(refused)  # tried, refused, tried again
-    polls = [e for e in kubectl_runs(run, "pods") if "get" in e["key"]]
-    assert any(e["rc"] != 0 for e in polls) and polls[-1]["rc"] == 0  # the wait's looks, retried
-    applies = kubectl_runs(run, "apply")
-    assert [e["rc"] == 0 for e in applies] == [False, True], [e["rc"] for e in applies]
-    entries = [e for e in read_transcript(run / "transcript.jsonl") if e["kind"] == "run"]
-    first_apply = entries.index(applies[0])
-    between = entries[first_apply + 1:entries.index(applies[1])]
-    assert between and all("-f" in e["key"] and "get" in e["key"] for e in between)
-    assert between[-1]["rc"] == 0  # the get answered (not there): applied again, once
+    looks = [e for e in kubectl_runs(run, "pods") if "get" in e["key"]]
+    refused = [e for e in looks if e["rc"] != 0]
+    assert refused and all("was refused - did you specify the right host or port?"
+                           in stderr_of(run, e) for e in refused)
+    assert looks[-1]["rc"] == 0
+    assert [e["rc"] for e in kubectl_runs(run, "apply")] == [0]  # applied once
     sealed(run, "03_kernel_test")
     assert env.objects_left() == []
+
+
+def test_an_apply_whose_answer_was_lost_is_looked_for_not_applied_twice(env, tmp_path):
+    """kube_retry.apply_landed against the real plane: the file's objects are there (an apply
+    that landed), the API server is down when it is applied again; the refused apply is
+    followed by `kubectl get -f` (tried until the API server is back), which finds every
+    object: not applied a second time."""
+    from lib.core.door import Door
+    from lib.places.kube_retry import apply_landed
+
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "landed", "namespace": env.namespace,
+                            "labels": {manifests.RUN_LABEL: "run-landed"}},
+               "spec": {"clusterIP": "None", "selector": {"app": "landed"},
+                        "ports": [{"port": 80}]}}
+    path = tmp_path / "landed.yaml"
+    path.write_text(manifests.to_yaml([service]))
+    env.plane.apply(service)  # it landed
+    run = tmp_path / "run"
+    door = Door(run, "fault")
+    base = ["kubectl", "--namespace", env.namespace]
+    env.plane.stop_apiserver()
+    thread = threading.Thread(target=lambda: (time.sleep(2.0), env.plane.start_apiserver()),
+                              daemon=True)
+    thread.start()
+    try:
+        got = apply_landed(door, [*base, "apply", "-f", str(path)],
+                           [*base, "get", "-f", str(path), "-o", "json", "--ignore-not-found"],
+                           1, timeout=30)
+    finally:
+        thread.join(timeout=60)
+        if not env.plane.is_running():
+            env.plane.start_apiserver()
+        env.plane.kubectl("delete", "service", "landed", "-n", env.namespace,
+                          "--ignore-not-found")
+    assert got.ok and "get" in got.argv
+    calls = [e for e in read_transcript(run / "transcript.jsonl") if e["kind"] == "run"]
+    verbs = [e["key"][3] for e in calls]
+    assert verbs[0] == "apply" and calls[0]["rc"] != 0
+    assert verbs.count("apply") == 1 and set(verbs[1:]) == {"get"}  # looked for, not re-applied
+    assert calls[-1]["rc"] == 0
 
 
 RESTRICTED_PSP = {

@@ -38,11 +38,12 @@ from lib.places.kube_pods import foreign_objects
 # records the refusal (lib.core.errors.PlaceError) naming the call.
 API_RETRY_S = 60.0
 FIRST_DELAY_S = 1.0  # doubling up to MAX_DELAY_S between two tries
-MAX_DELAY_S = 8.0
+MAX_DELAY_S = 4.0
 
 # What kubectl prints when it reached no API server (or one still starting): a try again.
 TRANSIENT = (
     "was refused - did you specify the right host or port?",  # kubectl: connection refused
+    "connect: connection refused",  # Go's dial error: `apply` downloading the OpenAPI schema
     "Unable to connect to the server",                       # kubectl: no answer, TLS, DNS
     "connection reset by peer",
     "unexpected EOF",

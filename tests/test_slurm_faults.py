@@ -192,23 +192,6 @@ def test_a_job_preempted_by_a_higher_priority_partition_fails_saying_so(cluster,
     assert cluster.queue() == cluster.run("squeue", "-h", "-p", "slow", "-o", "%i").stdout.split()
 
 
-def test_a_job_past_its_time_limit_fails_saying_timeout_with_the_limit(cluster, past_its_limit):
-    """time_limit_min 1 (the place's --time, on sbatch and srun): slurmctld ends the job at
-    its next time check after 60 s, "DUE TO TIME LIMIT", JobState TIMEOUT."""
-    past_its_limit["thread"].join(200)
-    took = time.monotonic() - past_its_limit["started"]
-    stage = past_its_limit["stage"]
-    runs = past_its_limit["runs"]
-    assert 60 <= took < 150 and [r.rc for r in runs] == [143], (took, runs)
-    stage.finish()
-    account = the_account(stage)
-    assert "CANCELLED DUE TO TIME LIMIT (slurmstepd)" in account.reason, account.reason
-    assert (account.observed["job_state"], account.observed["job_reason"]) == ("TIMEOUT",
-                                                                               "TimeLimit")
-    assert "time limit 00:01:00 = time_limit_min 1" in account.reason
-    assert_nothing_left(cluster)
-
-
 def test_slurmstepd_s_lines_are_read_as_slurm_wrote_them():
     from lib.places import batch
 
@@ -235,3 +218,20 @@ def test_a_rank_that_fails_by_itself_gets_no_slurm_account(cluster, tmp_path):
     assert [r.rc for r in runs][1] == 3
     assert not [g for g in stage.gates if g.gate.endswith(ACCOUNT)]
     assert cluster.queue() == cluster.run("squeue", "-h", "-p", "slow", "-o", "%i").stdout.split()
+
+
+def test_a_job_past_its_time_limit_fails_saying_timeout_with_the_limit(cluster, past_its_limit):
+    """time_limit_min 1 (the place's --time, on sbatch and srun): slurmctld ends the job at
+    its next time check after 60 s, "DUE TO TIME LIMIT", JobState TIMEOUT."""
+    past_its_limit["thread"].join(200)
+    took = time.monotonic() - past_its_limit["started"]
+    stage = past_its_limit["stage"]
+    runs = past_its_limit["runs"]
+    assert 60 <= took < 150 and [r.rc for r in runs] == [143], (took, runs)
+    stage.finish()
+    account = the_account(stage)
+    assert "CANCELLED DUE TO TIME LIMIT (slurmstepd)" in account.reason, account.reason
+    assert (account.observed["job_state"], account.observed["job_reason"]) == ("TIMEOUT",
+                                                                               "TimeLimit")
+    assert "time limit 00:01:00 = time_limit_min 1" in account.reason
+    assert_nothing_left(cluster)

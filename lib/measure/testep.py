@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from lib.core.errors import ParameterError
 from lib.core.evidence import gate, skip
-from lib.engines.transport import TRANSPORTS
+from lib.engines.transport import TRANSPORTS, over_efa
 from lib.engines.vllm_logs import efa_provider_per_rank
 
 PHASES: tuple[str, ...] = ("dispatch", "expanded dispatch", "cached dispatch", "combine",
@@ -376,7 +376,7 @@ def _dc_max_gate(case: dict | None, limit: float, num_ranks: int, ev: list[str])
 
 
 def _efa_gate(log_text: str, transport: str, num_ranks: int, ev: list[str]) -> dict:
-    if transport != "efa":
+    if not over_efa(transport):  # either GIN type crosses nodes over EFA
         return skip(GATE_EFA, f"the {transport} transport: one machine's NVLink with GIN off "
                     "(EP_DISABLE_GIN=1); no EFA provider is selected", ev).as_dict()
     found = efa_provider_per_rank(log_text, num_ranks, log_name=ev[0] if ev else "log")

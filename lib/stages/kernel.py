@@ -23,7 +23,7 @@ from lib.bench import result as bench_result
 from lib.core.errors import ParameterError
 from lib.core.evidence import Gate, read_json, skip
 from lib.core.stage import Stage
-from lib.engines import deepep
+from lib.engines import deepep, transport
 from lib.measure import bounds, testep, triage
 from lib.measure.testep import first_case, parse_test_ep_text
 from lib.places import NodeRank, RankJob, Unsupported
@@ -204,7 +204,7 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
     gates = testep.gates_from_test_ep(
         text, None if len(runs) == 1 and runs[0].timed_out else rc,
         num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=place.transport,
-        dc_p50_max_us=testep.CONTRACT_DC_P50_US if place.transport == "efa" else None)
+        dc_p50_max_us=testep.CONTRACT_DC_P50_US if transport.over_efa(place.transport) else None)
     if any(r.rc not in (0, None) or r.timed_out for r in runs) and len(runs) > 1:
         gates.append(first_failure(runs, streams))
     try:

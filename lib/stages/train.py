@@ -14,7 +14,7 @@ from __future__ import annotations
 from lib import places
 from lib.core.evidence import Gate, skip
 from lib.core.stage import Stage
-from lib.engines import megatron
+from lib.engines import megatron, transport
 from lib.engines.megatron import TrainConfig
 from lib.measure import training, triage
 from lib.places import RankJob, Unsupported
@@ -98,7 +98,7 @@ def run(stage: Stage) -> dict:
     stage.add(*exit_gates(runs, streams))
     stage.add(*training.training_gates(ranks, world=world, steps=cfg.steps,
                                        dispatcher=cfg.dispatcher, evidence=streams, again=again,
-                                       efa_expected=place.transport == "efa"))
+                                       efa_expected=transport.over_efa(place.transport)))
     table = training.step_table(ranks)
     stage.write_json("steps.json", table)
     return {"steps": table, "config": cfg.__dict__, "world": world}

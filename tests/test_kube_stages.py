@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 try:
     from kubeplane import NOT_BUILT, plane_available
@@ -85,10 +86,30 @@ def test_03_test_ep_one_pod_per_node_over_efa_gated_and_replayed(env, tmp_path):
     assert got["the torch benchmark"] == "SKIP"
     ranks = next(g for g in stage.gates if g.gate == prefix + "test_ep lines from every rank")
     assert ranks.observed["ranks_seen"] == list(range(16))
-    manifest = (run / "03_kernel_test" / "manifests" / "test-ep-at-128-tokens.yaml").read_text()
-    assert manifest.count("kind: Pod") == 2 and "WORLD_SIZE" in manifest
+    # the pods ran test_ep under torchrun, one rank per GPU (lib.bench.test_ep_rank the entry,
+    # shipped in the job's ConfigMap), their logs in test_ep's own per-rank format: the ranks
+    # print what the spawn form prints, and torchrun adds only its agent's lines
+    objects = list(yaml.safe_load_all(
+        (run / "03_kernel_test" / "manifests" / "test-ep-at-128-tokens.yaml").read_text()))
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert config["metadata"]["name"] == "test-ep-at-128-tokens-modules"
+    assert sorted(config["data"]) == ["lib.__init__.py", "lib.bench.__init__.py",
+                                      "lib.bench.test_ep_rank.py"]
+    for rank, pod in enumerate(pods):
+        command = pod["spec"]["containers"][0]["command"]
+        torchrun = command[command.index("torch.distributed.run"):]
+        assert torchrun[:4] == ["torch.distributed.run", "--nproc-per-node=8", "--nnodes=2",
+                                f"--node-rank={rank}"]
+        assert torchrun[torchrun.index("-m"):][:2] == ["-m", "lib.bench.test_ep_rank"]
     assert len(kubectl_calls(run, "logs")) == 2
     assert env.objects_left() == []
+    left = env.plane.get_json("configmaps", "-n", env.namespace, "-l",
+                              "guide.repro/group=test-ep-at-128-tokens")
+    assert left["items"] == []  # deleted with the job's pods and Service
+    deletes = kubectl_calls(run, "delete")
+    assert any("statefulset,service,pod,job,configmap" in call
+               and "guide.repro/group=test-ep-at-128-tokens," in " ".join(call) for call in deletes)
     replay = env.stage("03_kernel_test", run, replay=True, test_ep_tokens="128")
     kernel.run(replay)
     replay.finish()

@@ -208,6 +208,31 @@ def plan_stage(run_dir: Path, name: str, given: dict | None = None, replay: bool
     return stage
 
 
+def test_03_planned_for_slurm_in_an_image_runs_test_ep_under_torchrun_on_every_node(tmp_path):
+    """With an image (DeepEP built in it), 03's test_ep as the slurm place plans it (the
+    stage's run stops at the torch benchmark's plan, so its test_ep step is asked for
+    directly), in the cluster form: node N's own torchrun, one rank per GPU, --nnodes=2, its
+    node rank, the rendezvous on node 0, each rank entering test_ep through
+    lib.bench.test_ep_rank (imported from the checkout the step starts in: the slurm place
+    ignores RankJob.modules); the scripts shellcheck clean."""
+    stage = plan_stage(tmp_path, "03_kernel_test", {
+        "image": "registry.example/deepep-efa@sha256:" + "ab" * 32})
+    cfg = kernel.bench_config(stage, stage._place.gpus())
+    with pytest.raises(Unsupported, match="planned, not run"):
+        kernel.run_test_ep(stage, cfg, 128)
+    scripts = scripts_of(stage)
+    test_ep = [n for n in scripts if "test_ep-at-128-tokens" in n]
+    assert test_ep, scripts
+    checks = {g.gate: g.status for g in stage.gates if g.gate.endswith(": shellcheck clean")}
+    assert checks and set(checks.values()) == {"PASS"}, checks
+    text = "\n".join((stage.path("scripts") / n).read_text() for n in test_ep)
+    for rank in (0, 1):
+        assert (f"python3 -m torch.distributed.run --nproc-per-node=8 --nnodes=2 "
+                f"--node-rank={rank} --master-addr=node-0 --master-port=") in text
+    assert "-m lib.bench.test_ep_rank " in text and "/tests/elastic/test_ep.py" in text
+    assert "--num-processes 8" in text and "--skip-check" not in text
+
+
 def test_03_and_04_planned_for_slurm_write_scripts_that_shellcheck_passes_and_replay(tmp_path):
     """The slurm place's own code, planning: each step's script and each allocation's batch
     script in scripts/, shellchecked (gates); sbatch, srun and scancel recorded; nothing run

@@ -31,6 +31,7 @@ import yaml
 
 from lib.core.door import REPO_ROOT, read_transcript
 from lib.measure import training, triage
+from lib.places import manifests
 from lib.places.kube_pods import object_name
 from lib.stages import train
 from tests import compose
@@ -100,6 +101,18 @@ def test_the_plan_renders_megatron_s_torchrun_per_pod_and_the_slurm_step(tmp_pat
                 flags["--dispatcher"]) == ("128", "8", "2048", "nccl", "alltoall")
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
         assert {"name": "MASTER_ADDR", "value": rendezvous} in container["env"]
+        # lib.bench.moe_train is not in the image: the job's ConfigMap brings it (and what it
+        # imports of the guide) to /opt/guide, first on PYTHONPATH at the process's start
+        assert container["command"][:4] == manifests.PYTHONPATH_PREFIX
+        assert {"name": "guide", "mountPath": "/opt/guide", "readOnly": True} \
+            in container["volumeMounts"]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "guide"]
+        assert volume["configMap"]["name"] == f"{POD}-modules"
+        assert [i["path"] for i in volume["configMap"]["items"]] == list(train.TRAIN_MODULES)
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert config["metadata"]["name"] == f"{POD}-modules"
+    assert config["data"] == {p.replace("/", "."): (REPO_ROOT / p).read_text()
+                              for p in train.TRAIN_MODULES}
     gates = {g["gate"]: g for g in json.loads((stage_dir / "gates.json").read_text())}
     assert gates[f"{POD}: manifests valid (kubernetes-validate --strict 1.36)"]["status"] == "PASS"
     assert gates[JOB]["status"] == "SKIP" and "planned, not run" in gates[JOB]["reason"]
@@ -172,6 +185,9 @@ def test_kube_two_pods_train_from_their_recorded_logs_every_gate_passes(kube, tm
             if e["kind"] == "run" and e["key"][0] == "kubectl" and "logs" in e["key"]]
     assert len(logs) == 2
     assert kube.objects_left() == []
+    left = kube.plane.get_json("configmaps", "-n", kube.namespace, "-l",
+                               f"guide.repro/group={POD}")
+    assert left["items"] == []  # the job's ConfigMap went with its pods
     kube_07(kube, run, [], replay=True)  # the recorded stage replays: the same gates
 
 

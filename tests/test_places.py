@@ -88,9 +88,17 @@ def test_03_planned_for_kube_renders_checks_and_records_and_replays(tmp_path):
         text = (tmp_path / "03_kernel_test" / "manifests" / f"test-ep-at-{tokens}-tokens.yaml"
                 ).read_text()
         assert "kind: Pod" in text and f"test-ep-at-{tokens}-tokens-1" in text
+        # test_ep under torchrun: its entry (lib.bench.test_ep_rank) rides in the job's
+        # ConfigMap, put on PYTHONPATH by a `sh -c` start that the plan shellchecks
+        assert f"name: test-ep-at-{tokens}-tokens-modules" in text
+        assert "lib.bench.test_ep_rank" in text and "kind: ConfigMap" in text
+        checked = [g for name, g in got.items() if name.startswith(
+            f"test-ep-at-{tokens}-tokens: shellcheck clean")]
+        assert len(checked) == 2 and {g.status for g in checked} == {"PASS"}  # one per pod
     entries = read_transcript(tmp_path / "transcript.jsonl")
     assert {e["kind"] for e in entries} == {"plan", "run"}
-    assert all(e["key"][0] == "{bin}/kubernetes-validate" for e in entries if e["kind"] == "run")
+    assert {e["key"][0] for e in entries if e["kind"] == "run"} == {
+        "{bin}/kubernetes-validate", "{bin}/shellcheck"}
     applies = [e["key"] for e in entries if e["kind"] == "plan" and "apply" in e["key"]]
     assert len(applies) == 3
     replay = plan_stage(tmp_path, replay=True)

@@ -358,6 +358,7 @@ _EXPERTS_RE = re.compile(r"\[EP Rank 0/\d+\](.*?)Local/global number of experts:
 _ARGS_RE = re.compile(r"non-default args: \{.*\}")
 BACKEND_CLASSES = {  # vLLM's class names per backend (lib.engines.vllm_logs MANAGER/PREPARE_...)
     "deepep_v2": ("DeepEPV2All2AllManager", "DeepEPV2PrepareAndFinalize"),
+    "allgather_reducescatter": ("AgRsAll2AllManager", "MoEPrepareAndFinalizeNaiveDPEPModular"),
     "deepep_high_throughput": ("DeepEPHTAll2AllManager", "DeepEPHTPrepareAndFinalize"),
     "deepep_low_latency": ("DeepEPLLAll2AllManager", "DeepEPLLPrepareAndFinalize"),
 }

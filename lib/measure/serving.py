@@ -144,21 +144,25 @@ class Measurement:
 
 def measure(stage, serve: Callable, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
             repeats: int, *, engine: str, memory: bool = False,
-            header: Callable[[str, list[tuple]], None] | None = None) -> Measurement:
+            header: Callable[[str, list[tuple]], None] | None = None,
+            one_at_a_time: bool = False) -> Measurement:
     """Serve the arms and run their cells (see the module's docstring).
 
     `serve(arm, gate_prefix, log_name)` is a context manager yielding the arm's server (the
     stage's place serves it: lib.stages.ab.arm_servers); `serve.rss(server)` reads its resident
     memory. `header(layout, order)` prints the stage's line before anything starts; with one arm
     the loop prints each cell's requests before it and AIPerf's tally after it, with several one
-    line per cell naming the arm."""
+    line per cell naming the arm. `one_at_a_time`: every arm is exclusive (each server holds
+    every GPU of the place's nodes: lib.stages.ab)."""
     p = stage.params
     backend = p["all2all_backend"]
-    exclusive = exclusive_arms(arms, backend) if engine == "vllm" else ()
+    exclusive, why = exclusive_arms(arms, backend) if engine == "vllm" else (), "DeepEP"
+    if one_at_a_time and 1 < len(arms) != len(exclusive):
+        exclusive, why = arms, "each holds every GPU of its nodes"
     order = cell_order(repeats, p["concurrency"], arms, shapes, by_arm=bool(exclusive))
     resident = ", ".join(a.name for a in arms if a not in exclusive) or "no arm"
     layout = (f"{len(arms)} vLLM servers side by side" if not exclusive else
-              f"{', '.join(a.name for a in exclusive)} one at a time (DeepEP), each started for "
+              f"{', '.join(a.name for a in exclusive)} one at a time ({why}), each started for "
               f"its block of cells; {resident} up throughout")
     m = Measurement(arms, shapes, order, layout,
                     runs={(arm.slug, shape.name): [] for arm in arms for shape in shapes},

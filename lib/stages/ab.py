@@ -48,6 +48,12 @@ def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: i
     return serve
 
 
+# On a cluster place (kube, slurm: not one machine) an arm's serve asks for every GPU of each of
+# its nodes, and the run has only those nodes: two arms cannot be up at once (the second's pods
+# or step would wait for GPUs the first holds). So there every arm is served alone for its block
+# of cells, recreated whole, the blocks' order reversed on every other repeat (06's rounds).
+
+
 def backend_arms(backends: list[str]) -> tuple[serving.Arm, ...]:
     """One eager EP arm per all-to-all backend (05's backend A/B)."""
     return tuple(serving.Arm(b, f"vllm-{b.replace('_', '-')}", True, True, b) for b in backends)
@@ -80,7 +86,8 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
     try:
         gpus = place.gpus()
         m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, shapes,
-                            repeats, engine="vllm", header=header)
+                            repeats, engine="vllm", header=header,
+                            one_at_a_time=not place.one_machine)
     except Unsupported as why:  # a plan: the serves rendered and checked, nothing measured
         stage.add(skip("serving A/B", str(why)))
         return {"serving_ab": True, "skipped": str(why)}

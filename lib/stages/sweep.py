@@ -19,8 +19,10 @@ log proves the backend asked for; each cell also gates vLLM's own count of gener
 vLLM that exits by itself mid-sweep FAILs `vLLM: server up through its cells` (the first fatal
 line of its log quoted) and the cells left are SKIPs.
 With ``ab_backends`` (e.g. allgather_reducescatter,deepep_v2) the stage is instead the backend
-A/B: the same loop with one arm per backend, servers side by side, arms interleaved, the decode
-shape (input_tokens/output_tokens) and the prefill-heavy one (prefill_*_tokens).
+A/B: the same loop with one arm per backend, servers side by side on one machine (on a
+cluster place one at a time, each recreated whole for its block: lib.stages.ab), arms
+interleaved, the decode shape (input_tokens/output_tokens) and the prefill-heavy one
+(prefill_*_tokens).
 """
 from __future__ import annotations
 
@@ -132,8 +134,9 @@ def broken_reason(problem: serving.Problem) -> str:
 
 
 def run_backends(stage: Stage, place) -> dict[str, Any]:
-    """05 with ab_backends: the backends side by side (eager, EP), both traffic shapes, arms
-    interleaved (the serving A/B of lib.stages.ab, the backends its arms)."""
+    """05 with ab_backends: the backends side by side (on a cluster one at a time), eager, EP,
+    both traffic shapes, arms interleaved (the serving A/B of lib.stages.ab, its arms the
+    backends)."""
     p = stage.params
     backends = p["ab_backends"]
     comparisons = tuple((b, backends[0]) for b in backends[1:])

@@ -225,6 +225,15 @@ COMPANIONS = {
 REFUSED_BY_EVERY_PIN_SET = {("train_dispatcher", "flex")}
 
 
+# Choices whose place decides them: a transport is one machine's or a cluster's; GIN type 5
+# needs a pin set at its NCCL floor (newest-2026-12 pins NCCL 2.31.2).
+EDGE_COMPANIONS = {
+    ("transport", "intranode_nvlink"): {},
+    ("transport", "efa"): {"context": "kube"},
+    ("transport", "efa_gin_type5"): {"context": "kube", "pin_set": "newest-2026-12"},
+}
+
+
 def test_the_edges_of_every_bound_are_accepted():
     tried = 0
     for name, param in PARAMS.items():
@@ -232,7 +241,9 @@ def test_the_edges_of_every_bound_are_accepted():
         for edge in param.rule.edges():
             if isinstance(edge, str) and (name, edge) in REFUSED_BY_EVERY_PIN_SET:
                 continue
-            resolved = registry.resolve(stage, {**COMPANIONS.get(name, {}), name: edge})
+            companions = (EDGE_COMPANIONS.get((name, edge)) if isinstance(edge, str) else None)
+            companions = COMPANIONS.get(name, {}) if companions is None else companions
+            resolved = registry.resolve(stage, {**companions, name: edge})
             assert resolved[name] == param.rule(edge), (name, shown(edge))
             tried += 1
     print(f"\nedges accepted: {tried}")

@@ -221,3 +221,18 @@ def test_the_whole_guide_plans_for_kube_through_the_runner(tmp_path, monkeypatch
     assert ran <= {"kubernetes-validate", "shellcheck", "hadolint", "git"}, ran
     # 02 plans the image's verify script as a pod on a node
     assert (run_dir / "02_image" / "manifests" / "verify-image.yaml").exists()
+
+
+def test_long_object_names_that_differ_at_the_end_stay_distinct():
+    """05's backend A/B on kube names its AIPerf Jobs `aiperf-<engine>-<backend>-<shape>-c<C>-r<R>`:
+    cut to 40 characters, every repeat's Job of a cell had one name and the second was refused as
+    already recorded. A long slug keeps its head and a digest of the whole."""
+    from lib.places.kube_pods import object_name
+    from lib.places.manifests import NAME_MAX, NAME_RULE
+
+    names = {object_name(f"aiperf-vllm-allgather-reducescatter-decode-c{c}-r{r}")
+             for c in (1, 32) for r in (1, 2, 3)}
+    assert len(names) == 6
+    assert all(len(n) == NAME_MAX and NAME_RULE.match(n) for n in names)
+    assert all(n.startswith("aiperf-vllm-allgather-reducesca-") for n in names)
+    assert object_name("test_ep at 128 tokens") == "test-ep-at-128-tokens"  # short: unchanged

@@ -6,6 +6,7 @@ the script a request from inside the cluster runs."""
 from __future__ import annotations
 
 import json
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,10 +83,15 @@ def node_facts(node: dict, versions: dict) -> dict[str, Any]:
 
 
 def object_name(what: str) -> str:
-    """A DNS-1123 name for a group of objects (`test_ep at 128 tokens` -> `test-ep-at-128-tokens`,
-    cut to the manifests' limit)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")
-    return slug[:manifests.NAME_MAX].rstrip("-") or "job"
+    """A DNS-1123 name for a group of objects (`test_ep at 128 tokens` -> `test-ep-at-128-tokens`).
+    A slug over the manifests' limit keeps its head and a digest of the whole, so two long names
+    that differ only at the end (an A/B's AIPerf Jobs `...-decode-c1-r1` and `...-r2`) stay two
+    names; a slug within the limit is itself (recorded runs name their objects so)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-") or "job"
+    if len(slug) <= manifests.NAME_MAX:
+        return slug
+    digest = hashlib.sha256(slug.encode()).hexdigest()[:8]
+    return f"{slug[:manifests.NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def stage_selector(run_id: str, stage: str) -> str:

@@ -53,7 +53,7 @@ from lib.places.kube_pods import (PodStuck, exit_code, held_gate, is_finished, i
                                   node_facts, object_name, phase_of, pod_record, probe_facts,
                                   stage_selector, stuck_reason, trouble, unschedulable,
                                   where_pod)
-from lib.places.kube_retry import SAFE_VERBS, apply_once, run_retrying
+from lib.places.kube_retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
 from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
@@ -71,6 +71,7 @@ class KubePlace(Place):
         super().__init__(stage)
         self.namespace = stage["namespace"]
         self._nodes: list[dict] | None = None
+        self._answered = False  # whether the API server has answered in this stage (retries)
         stage.on_exit(self.clean_up)
 
     # ---- kubectl --------------------------------------------------------------------------
@@ -81,10 +82,15 @@ class KubePlace(Place):
 
     def _run(self, *args: str, timeout: float = KUBECTL_TIMEOUT_S):
         """One kubectl call; a read or a delete tried again while the API server does not
-        answer (lib.places.kube_retry says which calls are safe to retry, and why)."""
+        answer (lib.places.kube_retry says which calls are safe to retry, and why), once it
+        has answered in this stage: a cluster that never answered is refused at its first call."""
         if args and args[0] in SAFE_VERBS:
-            return run_retrying(self.door, self.kubectl(*args), timeout=timeout)
-        return self.door.run(self.kubectl(*args), timeout=timeout, check=False)
+            call = run_retrying(self.door, self.kubectl(*args), timeout=timeout,
+                                budget_s=retry_budget(self._answered))
+        else:
+            call = self.door.run(self.kubectl(*args), timeout=timeout, check=False)
+        self._answered = self._answered or call.ok
+        return call
 
     def _json(self, *args: str) -> dict | None:
         call = self._run(*args, "-o", "json")
@@ -98,6 +104,7 @@ class KubePlace(Place):
         rel = self.stage.write_text(f"manifests/{name}.yaml", manifests.to_yaml(objects))
         call = apply_once(self.door, self.kubectl, str(self.stage.run_dir / rel), len(objects),
                           manifests.run_label_value(self.stage.run_id), self.where(),
+                          answered=self._answered,
                           timeout=KUBECTL_TIMEOUT_S)
         if not call.ok:
             raise PlaceError(self.where(), f"the apply of {rel} was refused", call)
@@ -124,7 +131,9 @@ class KubePlace(Place):
     def nodes(self) -> list[dict]:
         """The nodes of the stage's instance type (kubectl get nodes), once per stage."""
         if self._nodes is None:
-            got = run_retrying(self.door, self._nodes_argv(), timeout=KUBECTL_TIMEOUT_S)
+            got = run_retrying(self.door, self._nodes_argv(), timeout=KUBECTL_TIMEOUT_S,
+                               budget_s=retry_budget(self._answered))
+            self._answered = self._answered or got.ok
             try:
                 items = json.loads(got.stdout).get("items", []) if got.ok else []
             except ValueError:

@@ -56,6 +56,13 @@ TRANSIENT = (
 SAFE_VERBS = ("get", "logs", "version", "delete")
 
 
+def retry_budget(answered: bool) -> float:
+    """How long a call may keep trying: API_RETRY_S once the API server has answered in this
+    stage (a restart is a server that answered, then went away), none before (a cluster that
+    has not answered once is the stage's refusal at its first call, not a wait of a minute)."""
+    return API_RETRY_S if answered else 0.0
+
+
 def is_transient(call: CallResult) -> bool:
     """Whether kubectl failed for want of an API server, not by its answer."""
     if call.ok:
@@ -138,17 +145,19 @@ def apply_landed(door, apply_argv: list[str], get_argv: list[str], expected: int
 
 
 def apply_once(door, kubectl: Callable[..., list[str]], path: str, expected: int,
-               run_label: str, where: str, *, timeout: float) -> CallResult:
+               run_label: str, where: str, *, timeout: float,
+               answered: bool = True) -> CallResult:
     """`kubectl apply -f path` of `expected` objects for the run labelled `run_label`: first a
     look (`kubectl get -f path`) for objects of these names that another run applied, refused
     (PlaceError naming them: two runs in one namespace would take over each other's objects),
     then the apply, through apply_landed. `kubectl(*args)`: the place's argv builder."""
     found = kubectl("get", "-f", path, "-o", "json", "--ignore-not-found")
-    seen = run_retrying(door, found, timeout=timeout)
+    seen = run_retrying(door, found, timeout=timeout, budget_s=retry_budget(answered))
     theirs = foreign_objects(seen.stdout, run_label) if seen.ok else []
     if theirs:
         raise PlaceError(where, f"{', '.join(theirs)} of another run already in the namespace: "
                          "two runs in one namespace at once would take over each other's "
                          "objects; wait for that run to end, or give this one another "
                          "namespace (-p namespace)")
-    return apply_landed(door, kubectl("apply", "-f", path), found, expected, timeout=timeout)
+    return apply_landed(door, kubectl("apply", "-f", path), found, expected, timeout=timeout,
+                        budget_s=retry_budget(answered or seen.ok))

@@ -222,7 +222,9 @@ def test_every_run_records_its_pin_set(tmp_path):
 def test_a_replay_of_a_run_recorded_before_sets_takes_the_seed_set():
     from lib.core.stage import open_replay
 
-    recorded = REPO_ROOT / "results" / (REPO_ROOT / "results" / "REFERENCE").read_text().strip()
+    # the CPU reference run of 2026-12-01, recorded before pin sets existed (the reference since
+    # records its pin set)
+    recorded = REPO_ROOT / "results" / "local-20261201T134653Z"
     params = json.loads((recorded / "01_public_roots" / "params.json").read_text())
     assert "pin_set" not in params
     resolved = registry.resolve("01_public_roots", {})

@@ -51,7 +51,8 @@ def reference_book(tmp_path_factory):
 # the long files are split instead (tests/vllm_stage_kit.py).
 CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
                  "test_manifests.py", "test_slurm_place.py", "test_slurm_engines.py",
-                 "test_slurmlocal.py", "test_train_cluster.py", "test_kube_faults.py")
+                 "test_slurmlocal.py", "test_train_cluster.py", "test_kube_faults.py",
+                 "test_slurm_faults.py", "test_kube_ab_two_nodes.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).

@@ -80,8 +80,10 @@ def test_an_image_that_cannot_be_pulled_fails_at_once_quoting_the_registry(env, 
     failed = fails(stage)
     assert list(failed) == ["server ready"], failed
     reason = failed["server ready"]
-    for pod in ("vllm-0", "vllm-1"):
-        assert re.search(rf"pod {pod} on node ({'|'.join(NODES)}): ErrImagePull: ", reason), reason
+    # the wait stops at the first stuck pod it sees: vllm-1's may not be posted yet then (seen
+    # once in a full run), so every pod named is named with its node, and at least one is
+    named = re.findall(rf"pod (vllm-[01]) on node ({'|'.join(NODES)}): ErrImagePull: ", reason)
+    assert named, reason
     assert message in reason and "code = NotFound" in reason
     assert took < 30, took  # not at the 60 s schedule timeout, nor the 120 s server timeout
     sealed(run, "04_serve")

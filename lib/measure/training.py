@@ -22,10 +22,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from lib.bench.moe_train import LINE  # the prefix its ranks print (imports no torch at load)
 from lib.core.evidence import Gate, gate, skip
 from lib.engines.megatron import DISPATCHER_CLASSES
 
-LINE = "moe-train"  # lib.bench.moe_train.LINE (kept apart: this module imports no torch)
 _RECORD = re.compile(rf"{LINE} (start|step|efa|done) (\{{[^{{}}]*\}})")
 
 

@@ -53,6 +53,12 @@ CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
                  "test_manifests.py", "test_slurm_place.py", "test_slurm_engines.py",
                  "test_slurmlocal.py", "test_train_cluster.py", "test_kube_faults.py",
                  "test_slurm_faults.py", "test_kube_ab_two_nodes.py")
+# Of those, the ones on the host's Slurm (marked `slurm`; test_train_cluster.py also starts a
+# control plane of its own, on free ports): `make test` runs them beside the kube ones, each
+# group one worker, the two daemons sharing no port, file or lock (tests/slurmlocal.py and
+# tests/kubeplane.py pick free ports and work under their own tmp folders).
+SLURM_CLUSTER_FILES = ("test_slurm_place.py", "test_slurm_engines.py", "test_slurmlocal.py",
+                       "test_slurm_faults.py", "test_train_cluster.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).
@@ -65,6 +71,8 @@ LONGEST_FIRST = ("test_interrupt.py", "test_vllm_answers.py", "test_vllm_deepep_
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: starts the host's control plane or Slurm; "
                                        "run alone, one worker (make test's second phase)")
+    config.addinivalue_line("markers", "slurm: a cluster test on the host's two-node Slurm "
+                                       "(make test runs them beside the kube cluster tests)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -73,3 +81,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in CLUSTER_FILES:
             item.add_marker(pytest.mark.cluster)
+        if item.path.name in SLURM_CLUSTER_FILES:
+            item.add_marker(pytest.mark.slurm)

@@ -55,6 +55,12 @@ except ImportError:  # imported as tests.kubelet_double from the repository root
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 CH_STDOUT, CH_STDERR, CH_STATUS = 1, 2, 3
+# A runtime's exec does not answer in the handshake's instant (containerd starts a process
+# first). kubectl needs that: client-go's websocket executor reads frames in one goroutine
+# while another makes its streams, and discards a frame for a stream not made yet ("Unknown
+# stream id N, discarding message", remotecommand/websocket.go); seen once in CI under load,
+# a /v1/models answer lost and kubectl exiting 0 with no stdout.
+EXEC_START_S = 0.05
 
 
 # ---- the script ------------------------------------------------------------------------------
@@ -591,6 +597,7 @@ class _Handler(BaseHTTPRequestHandler):
         if ans is None:
             ans = Exec(stderr=f"kubelet double: no scripted answer for {argv!r} in {st.name}/{container}\n",
                        exit_code=127)
+        time.sleep(EXEC_START_S)
         for ch, data in ((CH_STDOUT, ans.stdout), (CH_STDERR, ans.stderr)):
             raw = data.encode() if isinstance(data, str) else data
             if raw:

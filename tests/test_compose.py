@@ -3,6 +3,7 @@ composed run that is right passes them, each variant fails the one gate it is ma
 naming the rank; the AIPerf Job's log gives its files back.
 """
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,45 @@ def test_dp16_pods_pass_the_backend_and_per_rank_gates(tmp_path):
     assert efa_provider_per_rank(both, 16)["status"] == "PASS"
     assert per_rank_nccl(both, 16)["status"] == "PASS"
     assert efa_provider_per_rank(lead, 16)["status"] == "FAIL"  # one pod is half the ranks
+
+
+def test_dp16_cluster_serve_gates_patch_0002s_timeouts_on_every_rank_of_the_image(tmp_path):
+    """On a cluster the guide's image applies patch 0002 (Layer 7b): the serve's gates ask
+    every rank's line; an image without it (no line), a rank without it or with DeepEP's own
+    defaults FAIL naming the rank(s). The composed line is the patch's own print."""
+    from lib.engines import vllm_logs
+    from lib.places.cluster import serve_gates, settings_gates
+
+    patch = (Path(__file__).resolve().parents[1] / "patches"
+             / "0002-vllm-deepep-v2-elastic-buffer-timeouts.patch").read_text()
+    for piece in ('f"[guide-0002] DeepEPV2All2AllManager rank {self.rank}/{self.world_size}: "',
+                  "f\"ElasticBuffer num_gpu_timeout_secs={self._timeouts['num_gpu_timeout_secs']} \"",
+                  "f\"num_cpu_timeout_secs={self._timeouts['num_cpu_timeout_secs']}\""):
+        assert piece in patch, piece
+    assert vllm_logs._TIMEOUTS_RE.search(compose.TIMEOUTS_LINE.format(rank=0, world=16, gpu=600,
+                                                                      cpu=600))
+
+    def timeouts(**variant):
+        logs = {p.name: read_log(p) for p in compose.compose_vllm_pods(tmp_path / str(variant),
+                                                                       **variant)}
+        leader = next(text for name, text in logs.items() if name.endswith("leader.log"))
+        backend = serve_gates("vllm", leader, logs, backend="deepep_v2", nodes=2,
+                              gpus_per_node=8, num_experts=128, enforce_eager=True,
+                              api_servers=8, log_name="leader.log", evidence=sorted(logs))
+        # beside the backend gates, not among them: the serve is still deepep_v2 without it
+        assert "elastic_buffer_timeouts_per_rank" not in by_name(backend)
+        (got,) = settings_gates("vllm", logs, backend="deepep_v2", nodes=2, gpus_per_node=8,
+                                evidence=sorted(logs))
+        return got
+
+    ok = timeouts()
+    assert ok["status"] == "PASS" and ok["observed"]["ranks"] == list(range(16))
+    bare = timeouts(elastic_timeouts=None)
+    assert bare["status"] == "FAIL" and bare["observed"]["missing"] == list(range(16))
+    one = timeouts(drop_timeouts_rank=11)
+    assert one["status"] == "FAIL" and "rank(s) 11 of 16" in one["reason"]
+    low = timeouts(elastic_timeouts=(100, 300))
+    assert low["status"] == "FAIL" and "other timeouts than GPU 600 s / CPU 600 s" in low["reason"]
 
 
 def test_dp16_with_one_api_server(tmp_path):

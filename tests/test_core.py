@@ -334,3 +334,30 @@ def test_a_reworded_reason_replays_in_todays_words_and_nothing_else_is_forgiven(
                for g in recorded]
     assert evidence.as_reworded(flipped) != today
     assert evidence.as_reworded(None) is None
+
+
+def test_an_added_gate_is_dropped_only_where_the_recorded_run_lacks_it():
+    """ADDED_GATES: a replay of a run recorded before a gate existed drops the re-computed gate
+    (with or without an arm's prefix) and nothing else; a run that recorded it keeps it, so a
+    changed status there still differs; every row is still re-computed somewhere in lib/."""
+    from lib.core import evidence
+    from lib.core.door import REPO_ROOT
+
+    name = "elastic_buffer_timeouts_per_rank"
+    recorded = [{"gate": "server ready", "status": "PASS"},
+                {"gate": "vllm_all2all_backend", "status": "PASS"}]
+    rows = [{"gate": "server ready", "status": "PASS"},
+            {"gate": "vllm_all2all_backend", "status": "PASS"},
+            {"gate": name, "status": "SKIP"},
+            {"gate": f"EP_NUM_COMMS=8: {name}", "status": "SKIP"},
+            {"gate": "a gate nobody added", "status": "SKIP"}]
+    assert [r["gate"] for r in evidence.without_added(rows, recorded)] == [
+        "server ready", "vllm_all2all_backend", "a gate nobody added"]
+    since = recorded + [{"gate": f"EP_NUM_COMMS=8: {name}", "status": "PASS"}]
+    kept = evidence.without_added(rows, since)
+    assert [r["gate"] for r in kept][2:4] == [name, f"EP_NUM_COMMS=8: {name}"]
+    assert evidence.without_added(rows, None) == [rows[0], rows[1], rows[4]]
+    sources = "\n".join(p.read_text() for p in (REPO_ROOT / "lib").rglob("*.py")
+                        if p.name != "evidence.py")
+    for added in evidence.ADDED_GATES:
+        assert added in sources or added.split(" (")[0] in sources, added

@@ -261,6 +261,7 @@ def test_the_build_log_is_kept_whole_and_gated(tmp_path, repo_copy, monkeypatch)
     assert log.count("\n") >= 5000 and "step 1" in log and "step 5000" in log  # whole, no tail
     assert checks["build"]["tag"].startswith("deepep-v2-efa:pins-")
     assert "-f" in read_build_argv(tmp_path) and str(repo_copy / "docker") in read_build_argv(tmp_path)
+    assert "--build-context=guide-patches=patches" in read_build_argv(tmp_path)
 
     monkeypatch.setenv("FAKE_BUILD_RC", "2")
     stage = make_stage(tmp_path / "run2")
@@ -268,6 +269,30 @@ def test_the_build_log_is_kept_whole_and_gated(tmp_path, repo_copy, monkeypatch)
     gates = gates_of(stage)
     assert gates["docker build"].status == "FAIL" and "nvcc error" in gates["docker build"].reason
     assert gates["verify-image.sh in the built image"].status == "SKIP"
+
+
+def test_the_build_passes_the_patches_context_layer_7b_copies_its_pinned_patch_from():
+    """Layer 7b COPYs this guide's vLLM patch 0002 from the named context guide-patches: the
+    build passes that context, the file is there, its sha256 is the pin's and the ARG's, and the
+    named context is no image reference (an unknown --from still is)."""
+    from lib.engines import site_patches
+    from lib.places.local import BUILD_CONTEXTS
+
+    text = DOCKERFILE.read_text()
+    data = pins.load()
+    pin = data["pins"]["vllm_patch_deepep_v2_timeouts"]
+    copied = [rest.split() for _, word, rest in image.instructions(text)
+              if word == "COPY" and "--from=guide-patches" in rest]
+    assert len(copied) == 1, "Layer 7b copies exactly one file from guide-patches"
+    source = REPO_ROOT / BUILD_CONTEXTS["guide-patches"] / copied[0][1]
+    assert source == REPO_ROOT / pin["path"]
+    assert site_patches.sha256_file(source) == pin["sha256"]
+    declared = {a["name"]: a["value"] for a in image.parse_args(text) if a["value"] is not None}
+    assert declared["VLLM_PATCH_0002_SHA256"] == pin["sha256"]
+    assert "guide-0002" in text and "patch -p1" in text  # applied and checked, fail-loud
+    refs = image.image_references(text + "COPY --from=guide-patchez /a /a\n")
+    assert [r["ref"] for r in refs][-1] == "guide-patchez" and "guide-patches" not in [
+        r["ref"] for r in refs]
 
 
 def textwrap_script() -> str:

@@ -230,7 +230,7 @@ REFUSED_BY_EVERY_PIN_SET = {("train_dispatcher", "flex")}
 EDGE_COMPANIONS = {
     ("transport", "intranode_nvlink"): {},
     ("transport", "efa"): {"context": "kube"},
-    ("transport", "efa_gin_type5"): {"context": "kube", "pin_set": "newest-2026-12"},
+    ("transport", "gin_type5"): {"context": "kube", "pin_set": "newest-2026-12"},
 }
 
 

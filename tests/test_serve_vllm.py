@@ -370,6 +370,10 @@ def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
     assert gates["chat request answers with content and usage"].status == "PASS"
     assert answer["usage"]["completion_tokens"] == 16
     assert server.startup_s == 93.0  # 09:55:59 -> 09:57:32 in the recorded log
+    # served before patch 0002 and the run records no site that applied it: SKIP, saying so
+    timeouts = gates["elastic_buffer_timeouts_per_rank"]
+    assert timeouts.status == "SKIP" and "records no vllm_patch_deepep_v2_timeouts" in \
+        timeouts.reason
     assert_stopped(stage, server)
 
     # The flags are exactly lib.vllm_args's; only the program is the double.
@@ -411,6 +415,38 @@ def test_deepep_v2_log_replayed_all_backend_gates_pass(tmp_path):
         again.add(served.models_gate(again, replayed)[0], served.chat_gate(again, replayed)[0])
     assert [g.as_dict() for g in again.gates] == [g.as_dict() for g in stage.gates]
     assert again.door.remaining() == 0
+
+
+@pytest.mark.parametrize("ranks_saying, status, words", [
+    ((), "FAIL", "no [guide-0002] line from rank(s) 0, 1 of 2"),
+    ((1,), "FAIL", "no [guide-0002] line from rank(s) 0 of 2"),
+    ((0, 1), "PASS", "every rank of 2 built ElasticBuffer with GPU 600 s / CPU 600 s"),
+])
+def test_a_site_that_applied_0002_gates_its_timeouts_on_every_rank(tmp_path, ranks_saying,
+                                                                    status, words):
+    """run.json says the run's vLLM site applied patch 0002: the recorded deepep_v2 log (served
+    before 0002: no rank says its timeouts) FAILs naming both ranks; with the patch's line after
+    the manager's (its print, per rank) from one rank, the other is named; from both, PASS."""
+    real = DEEPEP_LOG.read_text().splitlines()
+    at = next(i for i, l in enumerate(real) if "Using DeepEPV2All2AllManager" in l) + 1
+    said = [f"(Worker_DP{r}_EP{r} pid={3397 + r}) [guide-0002] DeepEPV2All2AllManager rank "
+            f"{r}/2: ElasticBuffer num_gpu_timeout_secs=600 num_cpu_timeout_secs=600"
+            for r in ranks_saying]
+    log = tmp_path / "vllm-deepep_v2-with-0002.log"
+    log.write_text("\n".join(real[:at] + said + real[at:]) + "\n")
+    double, _ = make_double(tmp_path, log)
+    stage = make_stage(tmp_path)
+    stage.run_dir.mkdir(parents=True, exist_ok=True)
+    (stage.run_dir / "run.json").write_text(json.dumps({"site_patches": [
+        {"site": str(tmp_path / "vllm-site"), "patches": [
+            {"pin": "vllm_patch_deepep_v2_timeouts", "unchanged": True}]}]}))
+    with serve_vllm.vllm_server(stage, str(tmp_path / "moe"), gpus=2, backend="deepep_v2",
+                                num_experts=NUM_EXPERTS, timeout_s=TIMEOUT_S,
+                                python=str(double), nccl_site=nccl_site(tmp_path)) as server:
+        assert server.ready, stage.gates
+    timeouts = by_name(stage.gates)["elastic_buffer_timeouts_per_rank"]
+    assert timeouts.status == status and words in timeouts.reason, timeouts
+    assert len(timeouts.evidence) == len(ranks_saying)
 
 
 def test_allgather_log_while_deepep_v2_requested_fails_naming_the_built_manager(tmp_path):

@@ -23,14 +23,14 @@ ALL2ALL_0_24 = REPO_ROOT / "tests" / "fixtures" / "vllm-0.24.0" / "all2all.py"
 
 # ---- the contract --------------------------------------------------------------------------
 def test_type5_is_type2_with_exactly_its_two_settings():
-    two, five = transport.transport_env("efa"), transport.transport_env("efa_gin_type5")
+    two, five = transport.transport_env("efa"), transport.transport_env("gin_type5")
     assert two["NCCL_GIN_TYPE"] == "2" and five["NCCL_GIN_TYPE"] == "5"
     assert five["NCCL_SYM_GIN_KERNELS_ENABLE"] == "0" and "NCCL_SYM_GIN_KERNELS_ENABLE" not in two
     changed = {k for k in set(two) | set(five) if two.get(k) != five.get(k)}
     assert changed == {"NCCL_GIN_TYPE", "NCCL_SYM_GIN_KERNELS_ENABLE"}
-    assert transport.unset_vars("efa_gin_type5") == transport.unset_vars("efa")
-    assert all(v.why and v.anchor for v in transport.contract("efa_gin_type5"))
-    assert transport.over_efa("efa_gin_type5") and not transport.over_efa("intranode_nvlink")
+    assert transport.unset_vars("gin_type5") == transport.unset_vars("efa")
+    assert all(v.why and v.anchor for v in transport.contract("gin_type5"))
+    assert transport.over_efa("gin_type5") and not transport.over_efa("intranode_nvlink")
 
 
 def test_both_efa_contracts_set_the_elastic_buffer_timeouts_the_patch_reads():
@@ -44,28 +44,28 @@ def test_both_efa_contracts_set_the_elastic_buffer_timeouts_the_patch_reads():
 def test_the_floor_refuses_every_pin_set_below_nccl_2_31_and_allows_the_one_above():
     data = pins.load()
     allowed = [n for n in pins.set_names(data)
-               if not transport.floor_problems("efa_gin_type5", pins.set_pins(data, n))]
+               if not transport.floor_problems("gin_type5", pins.set_pins(data, n))]
     assert allowed == ["newest-2026-12"]  # NCCL 2.31.2, installer 1.51.0; the rest pin 2.30.4
     with pytest.raises(ParameterError) as refused:
-        transport.check_pin_set("efa_gin_type5", "seed-2026-07",
+        transport.check_pin_set("gin_type5", "seed-2026-07",
                                 pins.set_pins(data, "seed-2026-07"))
     said = str(refused.value)
     assert "'transport'" in said and "seed-2026-07" in said and "nccl 2.30.4 < 2.31" in said
     low = {"nccl": {"version": "2.31.0"}, "efa_installer": {"version": "1.49.1"}}
-    assert transport.floor_problems("efa_gin_type5", low) == [
+    assert transport.floor_problems("gin_type5", low) == [
         "efa_installer 1.49.1 < 1.50 (EFA installer >= 1.50 (libfabric 2.6.0, rdma-core "
         "64.0amzn0, efa driver 3.3.0, aws-ofi-nccl 1.21))"]
-    assert transport.floor_problems("efa_gin_type5", {}) and not transport.floor_problems(
+    assert transport.floor_problems("gin_type5", {}) and not transport.floor_problems(
         "efa", {})
 
 
 @pytest.mark.parametrize("given, param, words", [
-    ({"context": "local", "transport": "efa_gin_type5"}, "transport", "intranode_nvlink on the"),
-    ({"context": "plan", "transport": "intranode_nvlink"}, "transport", "efa or efa_gin_type5"),
-    ({"context": "plan", "transport": "efa_gin_type5"}, "transport", "nccl 2.30.4 < 2.31"),
-    ({"context": "kube", "transport": "efa_gin_type5", "pin_set": "current"}, "transport",
+    ({"context": "local", "transport": "gin_type5"}, "transport", "intranode_nvlink on the"),
+    ({"context": "plan", "transport": "intranode_nvlink"}, "transport", "efa or gin_type5"),
+    ({"context": "plan", "transport": "gin_type5"}, "transport", "nccl 2.30.4 < 2.31"),
+    ({"context": "kube", "transport": "gin_type5", "pin_set": "current"}, "transport",
      "pin set 'current'"),
-    ({"context": "plan", "transport": "gin_type5"}, "transport", "efa, efa_gin_type5"),
+    ({"context": "plan", "transport": "gin_type4"}, "transport", "efa, gin_type5"),
 ])
 def test_the_registry_refuses_a_transport_its_place_or_pin_set_cannot_carry(given, param, words):
     with pytest.raises(ParameterError) as refused:
@@ -74,9 +74,9 @@ def test_the_registry_refuses_a_transport_its_place_or_pin_set_cannot_carry(give
 
 
 def test_the_registry_takes_type5_with_a_pin_set_above_its_floor_and_defaults_per_context():
-    ok = registry.resolve("04_serve", {"context": "plan", "transport": "efa_gin_type5",
+    ok = registry.resolve("04_serve", {"context": "plan", "transport": "gin_type5",
                                        "pin_set": "newest-2026-12"})
-    assert ok["transport"] == "efa_gin_type5"
+    assert ok["transport"] == "gin_type5"
     assert registry.resolve("03_kernel_test", {"context": "plan"})["transport"] == "efa"
     assert registry.resolve("03_kernel_test", {})["transport"] == "intranode_nvlink"
     takes = [s for s, names in registry.STAGE_PARAMS.items() if "transport" in names]
@@ -103,7 +103,7 @@ TYPE5 = {"NCCL_GIN_TYPE": "5", "NCCL_SYM_GIN_KERNELS_ENABLE": "0"}
 
 def test_type5_gates_pass_when_every_rank_read_both_settings():
     text = nccl_log(16, {r: TYPE5 for r in range(16)})
-    gates = vllm_logs.transport_gates(text, 16, "efa_gin_type5", log_name="pods")
+    gates = vllm_logs.transport_gates(text, 16, "gin_type5", log_name="pods")
     assert [g["status"] for g in gates] == ["PASS", "PASS"]
     assert gates[0]["observed"]["ranks"] == list(range(16))
     assert gates[0]["evidence"][0].startswith("pods:1: node-0:4000:4000 [0] NCCL INFO "
@@ -113,10 +113,10 @@ def test_type5_gates_pass_when_every_rank_read_both_settings():
 
 def test_type5_gates_fail_on_a_rank_without_it_and_on_a_rank_on_the_proxy():
     missing = {r: TYPE5 for r in range(16) if r != 11}
-    gin = vllm_logs.transport_gates(nccl_log(16, missing), 16, "efa_gin_type5")[0]
+    gin = vllm_logs.transport_gates(nccl_log(16, missing), 16, "gin_type5")[0]
     assert gin["status"] == "FAIL" and gin["observed"]["missing"] == [11]
     proxy = {**{r: TYPE5 for r in range(16)}, 3: {"NCCL_GIN_TYPE": "2"}}
-    gin, sym = vllm_logs.transport_gates(nccl_log(16, proxy), 16, "efa_gin_type5")
+    gin, sym = vllm_logs.transport_gates(nccl_log(16, proxy), 16, "gin_type5")
     assert gin["status"] == "FAIL" and "another value than 5" in gin["reason"]
     assert any("NCCL_GIN_TYPE set by environment to 2" in e for e in gin["evidence"])
     assert sym["status"] == "FAIL" and sym["observed"]["missing"] == [3]
@@ -175,3 +175,62 @@ def test_patch_0002_applies_to_vllm_0_24_0s_file_and_passes_and_prints_the_timeo
     line = ('[guide-0002] DeepEPV2All2AllManager rank 0/16: ElasticBuffer '
             'num_gpu_timeout_secs=600 num_cpu_timeout_secs=600')
     assert vllm_logs._TIMEOUTS_RE.search(line)
+
+
+# ---- the issue's plan: 03 and 04 rendered with type 5, 06's lever on a cluster place ---------
+def plan_stage(run_dir, name: str, given: dict):
+    from lib.core.door import Door
+    from lib.core.stage import Stage
+    engine = {"engine": "vllm"} if "engine" in registry.STAGE_PARAMS[name] else {}
+    resolved = registry.resolve(name, {"context": "plan", **engine, **given})
+    return Stage(name, resolved, run_dir, Door(run_dir, name, plan=True), None)
+
+
+def env_of(manifest_text: str) -> dict[str, str]:
+    import yaml
+    env = {}
+    for doc in yaml.safe_load_all(manifest_text):
+        for pod in [doc] if doc and doc.get("kind") == "Pod" else [
+                (doc or {}).get("spec", {}).get("template", {})]:
+            for c in (pod.get("spec") or {}).get("containers") or []:
+                env.update({e["name"]: e.get("value") for e in c.get("env") or []})
+    return env
+
+
+@pytest.mark.parametrize("name, run", [("03_kernel_test", "kernel"), ("04_serve", "serve")])
+@pytest.mark.parametrize("contract, gin_type", [("gin_type5", "5"), ("efa", "2")])
+def test_03_and_04_planned_with_a_contract_render_its_env(tmp_path, name, run, contract,
+                                                          gin_type):
+    """`-p context plan -p transport gin_type5 -p pin_set newest-2026-12`: every rendered pod's
+    env carries type 5 and the symmetric kernels off; `efa` renders the proxy, type 2."""
+    import importlib
+    stage = plan_stage(tmp_path, name, {"transport": contract, "pin_set": "newest-2026-12"})
+    importlib.import_module(f"lib.stages.{run}").run(stage)
+    rendered = sorted((tmp_path / name / "manifests").glob("*.yaml"))
+    assert rendered
+    for path in rendered:
+        env = env_of(path.read_text())
+        assert env["NCCL_GIN_TYPE"] == gin_type, path.name
+        assert env.get("NCCL_SYM_GIN_KERNELS_ENABLE") == ("0" if gin_type == "5" else None)
+
+
+def test_06_lists_the_transport_ab_as_a_lever_skipped_below_its_floor(tmp_path):
+    """On a cluster place 06 names the GIN type 5 A/B; on the recorded pin set (NCCL 2.30.4)
+    it SKIPs naming the floor; on a pin set above it the arm is type 5 at arm a's comms."""
+    from lib import places
+    from lib.measure.serving import Arm
+    from lib.stages import lever
+    below = plan_stage(tmp_path / "below", "06_multicomm", {})
+    lever.run(below)
+    skipped = next(g for g in below.gates if g.gate == lever.GIN_LEVER)
+    assert skipped.status == "SKIP" and "nccl 2.30.4 < 2.31" in skipped.reason
+    above = plan_stage(tmp_path / "above", "06_multicomm", {"pin_set": "newest-2026-12"})
+    base = Arm("EP_NUM_COMMS=1", "vllm-epnc1", False, True, num_comms=1)
+    arm = lever.gin_arm(above, places.for_stage(above), base)
+    assert (arm.name, arm.slug, arm.transport, arm.num_comms) == (
+        "GIN type 5, EP_NUM_COMMS=1", "vllm-epnc1-gin5", "gin_type5", 1)
+    assert not [g for g in above.gates if g.gate == lever.GIN_LEVER]
+    typed5 = plan_stage(tmp_path / "typed5", "06_multicomm",
+                        {"pin_set": "newest-2026-12", "transport": "gin_type5"})
+    back = lever.gin_arm(typed5, places.for_stage(typed5), base)
+    assert (back.transport, back.slug) == ("efa", "vllm-epnc1-gin2")

@@ -129,7 +129,7 @@ def test_ports_and_roles_validated():
         vllm_serve("local", **{**CLUSTER, "dp_address": None, "dp_rpc_port": None})
     with pytest.raises(ParameterError, match="'ep_num_comms'.*1..16"):
         vllm_serve("leader", **{**CLUSTER, "ep_num_comms": 17})
-    with pytest.raises(ParameterError, match="'transport'.*efa, efa_gin_type5, intranode_nvlink"):
+    with pytest.raises(ParameterError, match="'transport'.*efa, gin_type5, intranode_nvlink"):
         vllm_serve("leader", **{**CLUSTER, "transport": "ib"})
     with pytest.raises(ParameterError, match="'gpu_memory_utilization'"):
         vllm_serve("leader", **{**CLUSTER, "gpu_memory_utilization": 1.5})

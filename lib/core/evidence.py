@@ -212,6 +212,29 @@ def as_reworded(gates: list[dict] | None) -> list[dict] | None:
             if g.get("reason") in REWORDED_REASONS else g for g in gates]
 
 
+# A gate added to a stage since runs recorded it (its name, without an arm's "<arm>: " prefix
+# -> when and why): a replay of a run recorded before it re-computes the gate, and drops it
+# where the recorded gates.json lacks it (lib.core.stage.Stage.finish), so the recorded run
+# replays as it was recorded. lib/ALIASES.md lists them.
+ADDED_GATES = {
+    # 2026-12-04: 06 on a cluster place lists the GIN type 5 lever (a SKIP below its floor)
+    "GIN type 5 against type 2 (the transport A/B)": "06's transport lever, 2026-12-04",
+    # 2026-12-04: vLLM's deepep_v2 serves gate patch 0002's ElasticBuffer timeouts per rank
+    "elastic_buffer_timeouts_per_rank": "04-06's ElasticBuffer timeout gate, 2026-12-04",
+}
+
+
+def _unprefixed(name: str) -> str:
+    return name.rsplit(": ", 1)[-1]
+
+
+def without_added(rows: list[dict], recorded: list[dict] | None) -> list[dict]:
+    """Re-computed gates less those added since the recorded run (ADDED_GATES) that it lacks."""
+    had = {_unprefixed(g.get("gate", "")) for g in recorded or []}
+    return [row for row in rows
+            if _unprefixed(row["gate"]) not in ADDED_GATES or _unprefixed(row["gate"]) in had]
+
+
 # A parameter renamed since runs recorded it (recorded name -> today's): a replay reads a
 # recorded params.json with these applied (lib.core.stage.open_replay), so the recorded file
 # stays as it was written. One row per rename, each with why (lib/ALIASES.md lists them).

@@ -189,6 +189,7 @@ class Stage:
                     f"replay: stage {self.name} asked for fewer calls than recorded "
                     f"({self.door.remaining()} left unasked)")
             recorded = evidence.read_gates(self.dir)
+            rows = evidence.without_added(rows, recorded)
             if evidence.as_reworded(recorded) != json.loads(evidence.dumps(rows)):
                 raise ReplayMismatch(f"replay: the gates of {self.name} re-computed from the "
                                      "transcript differ from the recorded gates.json")

@@ -108,6 +108,13 @@ class Engine:
         every process's log by its evidence name. None: its logs prove no backend."""
         return None
 
+    def settings_gates(self, logs: Mapping[str, str], spec: EngineSpec, *,
+                       evidence: list[str]) -> list[dict]:
+        """What every rank's log proves of a setting the serve asked beyond its backend. Not
+        backend gates: a serve without it is still the backend asked for (its measurements
+        kept), the gate FAILing beside them."""
+        return []
+
     def first_fatal(self, text: str) -> str | None:
         return None
 
@@ -123,6 +130,11 @@ class Engine:
               f"{self.ready_path} answers 200; log {stage.rel(server.log_path)})", flush=True)
         return poll_until_ready(stage, server, timeout_s, path=self.ready_path, who=self.name,
                                 waiting_for=f" for {self.name}")
+
+    # True for an engine whose log has no last start-up line to wait for: its leader's log is
+    # settled once two looks a poll apart read the same text (Slurm's srun forwards a step's
+    # output after its port opens: under load a TensorRT-LLM log was read short once)
+    settles_when_quiet = False
 
     def settled(self, leader_log: str, api_servers: int) -> bool:
         """Whether the leader's log holds every start-up line its gates read (the API can answer

@@ -7,7 +7,7 @@ Three named contracts, and nothing else in the guide spells these variables out:
   (../shared/reference/ANCHORS.md section 1.4, "Common env (R README section 2)") minus what the
   final public review dropped as read by nothing at its pins (``DROPPED_BY_REVIEW``), plus what
   that review and the canonical benchmark added (``EP_REUSE_NCCL_COMM``, ``NCCL_SOCKET_IFNAME``).
-- ``efa_gin_type5``: the same over NCCL GIN type 5, the GPU-initiated EFA path ("EFA-GDA": the
+- ``gin_type5``: the same over NCCL GIN type 5, the GPU-initiated EFA path ("EFA-GDA": the
   kernel drives the NIC, no CPU proxy), as AWS's merged DeepEP V2 benchmark runs it
   (awslabs/awsome-distributed-ai #1234, 2026-08-21; #1239; ANCHORS 7): ``efa``'s variables with
   ``NCCL_GIN_TYPE=5`` and ``NCCL_SYM_GIN_KERNELS_ENABLE=0``. It needs a stack ``efa`` does not
@@ -32,9 +32,9 @@ from typing import Mapping
 
 from lib.core.errors import ParameterError
 
-TRANSPORTS = ("efa", "efa_gin_type5", "intranode_nvlink")
+TRANSPORTS = ("efa", "gin_type5", "intranode_nvlink")
 # the contracts whose traffic crosses nodes over EFA (the provider gate, the D+C contract apply)
-EFA_TRANSPORTS = ("efa", "efa_gin_type5")
+EFA_TRANSPORTS = ("efa", "gin_type5")
 
 # Where the EFA installer (1.50.0, bundling aws-ofi-nccl 1.21.1) puts the GIN-capable plugin;
 # docker/Dockerfile checks this file exports ncclGinPlugin_v14 (ANCHORS 1.2, the review).
@@ -180,7 +180,7 @@ GIN_TYPE5_NODE_NEEDS = ("efa kernel driver >= 3.3.0 (installer 1.50 installs it 
                         "gdrdrv loaded (GDRCopy 2.5 or later)",
                         "the NVIDIA driver with PeerMappingOverride=1 "
                         "(aws-ofi-nccl doc/gin-getting-started.md)")
-_FLOORS: dict[str, tuple[Floor, ...]] = {"efa_gin_type5": GIN_TYPE5_FLOOR}
+_FLOORS: dict[str, tuple[Floor, ...]] = {"gin_type5": GIN_TYPE5_FLOOR}
 
 
 # Read by nothing at the review's pins, so the review dropped them; never set here.
@@ -217,7 +217,7 @@ INTRANODE_NVLINK: tuple[EnvVar, ...] = (
            "TOOLCHAIN 'The H200 GPU machines'"),
 )
 
-_CONTRACTS = {"efa": EFA, "efa_gin_type5": EFA_GIN_TYPE5, "intranode_nvlink": INTRANODE_NVLINK}
+_CONTRACTS = {"efa": EFA, "gin_type5": EFA_GIN_TYPE5, "intranode_nvlink": INTRANODE_NVLINK}
 
 
 def over_efa(name: str) -> bool:

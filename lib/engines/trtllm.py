@@ -171,6 +171,7 @@ class TrtllmEngine(Engine):
     pin = "tensorrt_llm"
     log_name = "trtllm.log"
     launch = "mpi_world"
+    settles_when_quiet = True  # its recorded log ends with no start-up line of its own
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
         env = trtllm_env(spec)

@@ -13,7 +13,8 @@ from typing import Mapping
 from lib.engines import vllm_logs, vllm_server
 from lib.engines.vllm_server import LOG_NAME, STARTUP_LINE
 from lib.engines.base import Engine, EngineSpec
-from lib.engines.transport import DEFAULT_PLUGIN_PATH
+from lib.engines.transport import (CPU_TIMEOUT_VAR, DEFAULT_PLUGIN_PATH, ELASTIC_TIMEOUT_S,
+                                   GPU_TIMEOUT_VAR)
 from lib.engines.vllm_args import BACKENDS, CLI_MODULE, vllm_serve
 
 # vLLM 0.24.0's routes: its log lists "Route: /health, Methods: GET" and /metrics
@@ -70,6 +71,17 @@ class VllmEngine(Engine):
         # GIN type 5: every rank read its two settings (none on the other contracts)
         gates += vllm_logs.transport_gates(every, spec.dp_size, spec.transport, log_name=sources)
         return gates
+
+    def settings_gates(self, logs: Mapping[str, str], spec: EngineSpec, *,
+                       evidence: list[str]) -> list[dict]:
+        if spec.backend != "deepep_v2":
+            return []
+        # ElasticBuffer's timeouts, patch 0002's line on every rank (the image applies it)
+        return [vllm_logs.elastic_timeouts_gate(
+            "\n".join(logs.values()), spec.dp_size, site_patches=vllm_logs.IMAGE_SITE_PATCHES,
+            gpu_s=int(spec.extra_env.get(GPU_TIMEOUT_VAR, ELASTIC_TIMEOUT_S)),
+            cpu_s=int(spec.extra_env.get(CPU_TIMEOUT_VAR, ELASTIC_TIMEOUT_S)),
+            log_name=", ".join(evidence))]
 
     def first_fatal(self, text: str) -> str | None:
         return vllm_logs.first_fatal_line(text)

@@ -327,11 +327,11 @@ from lib.engines import transport as _transport  # noqa: E402
 def transport_gates(log_text: str, world: int, transport: str, *,
                     log_name: str = "log") -> list[dict]:
     """What the transport contract asks of every rank's log beyond the EFA provider: on
-    efa_gin_type5, that every rank read NCCL_GIN_TYPE=5 and NCCL_SYM_GIN_KERNELS_ENABLE=0 (a rank
+    gin_type5, that every rank read NCCL_GIN_TYPE=5 and NCCL_SYM_GIN_KERNELS_ENABLE=0 (a rank
     without them falls back to the CPU proxy or to NCCL's symmetric GIN kernels, silently:
     whn09/ep-benchmarks-efa measured decode 2.2x slower at 2 nodes, 5.4x at 4). None on the other
     contracts: type 2 is NCCL's default for EFA, and intranode runs GIN off."""
-    if transport != "efa_gin_type5":
+    if transport != "gin_type5":
         return []
     wanted = {v.name: v.value for v in _transport.contract(transport)}
     return [env_setting_per_rank(log_text, world, var, wanted[var], log_name=log_name)
@@ -345,6 +345,13 @@ def transport_gates(log_text: str, world: int, transport: str, *,
 TIMEOUTS_PIN = "vllm_patch_deepep_v2_timeouts"
 _TIMEOUTS_RE = re.compile(r"\[guide-0002\] DeepEPV2All2AllManager rank (\d+)/(\d+): ElasticBuffer "
                           r"num_gpu_timeout_secs=(\d+) num_cpu_timeout_secs=(\d+)")
+
+
+# what a cluster serve's software applied: the guide's image applies 0002 in its Layer 7b
+# (docker/Dockerfile), as a site scripts/vllm-site.sh made does; an image without it FAILs the
+# gate (no rank says its timeouts), which is the point on 16 ranks
+IMAGE_SITE_PATCHES = [{"site": "the guide's image (docker/Dockerfile Layer 7b)",
+                       "patches": [{"pin": TIMEOUTS_PIN, "unchanged": True}]}]
 
 
 def applied_patches(site_patches: list[dict] | None) -> set[str]:

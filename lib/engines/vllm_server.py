@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 
 from lib.engines import vllm_logs
 from lib.core.errors import DoorError
-from lib.core.evidence import Gate, gate, skip
+from lib.core.evidence import Gate, gate, read_json, skip
 from lib.core.errors import ParameterError
 from lib.engines.server import POLL_INTERVAL_S, Server, poll_until_ready, stop_server
 from lib.engines.vllm_args import vllm_serve
@@ -147,6 +147,13 @@ def start_process(door, server: VllmServer, add: Callable[[Gate | dict | None], 
     return True
 
 
+def run_site_patches(stage) -> list[dict] | None:
+    """The vLLM site patches the run recorded (run.json `site_patches`, lib.stages.opening)."""
+    record = stage.run_dir / "run.json"
+    run = read_json(record) if record.is_file() else None
+    return run.get("site_patches") if isinstance(run, dict) else None
+
+
 def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], None],
                  started: float, timeout_s: float, *, num_experts: int | None,
                  expert_parallel: bool, enforce_eager: bool, gate_prefix: str) -> None:
@@ -162,6 +169,10 @@ def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], 
     for g in server.backend_gates:
         add(g)
     add(vllm_logs.per_rank_nccl(text, server.gpus, log_name=log_name))
+    if expert_parallel and server.backend == "deepep_v2":  # patch 0002's line, where applied
+        add(vllm_logs.elastic_timeouts_gate(text, server.gpus,
+                                            site_patches=run_site_patches(stage),
+                                            log_name=log_name))
     failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
     asked = (f"backend {server.backend}" if expert_parallel else "no expert parallelism")
     print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "

@@ -41,6 +41,7 @@ class Arm:
     expert_parallel: bool = True
     backend: str | None = None  # None: the stage's all2all_backend
     num_comms: int = 1  # EP_NUM_COMMS of the arm's serve (the multicomm lever)
+    transport: str | None = None  # its transport contract (None: the stage's; the GIN lever)
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,9 @@ class ServeSpec:
     log_name: str | None = None
     gpus: int | None = None  # GPUs per node, when the stage asked already (else the place asks)
     nodes: int = 1  # the nodes it spans (DP = EP = nodes x GPUs per node); 1 on one machine
+    # its transport contract (lib.engines.transport; None: the place's, Place.transport):
+    # 06's GIN lever serves one arm over type 5 and one over type 2 in one stage
+    transport: str | None = None
 
 
 class Place:
@@ -161,11 +164,15 @@ class Place:
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
     # the transport contract of lib.engines.transport its GPU processes get: the stage's
-    # `transport` (lib.stages.registry: efa on a cluster by default, efa_gin_type5 where the pin
+    # `transport` (lib.stages.registry: efa on a cluster by default, gin_type5 where the pin
     # set reaches its floor); the local place has one of its own (intranode_nvlink)
     @property
     def transport(self) -> str:
         return (getattr(self.stage, "params", None) or {}).get("transport") or "efa"
+
+    def transport_of(self, spec: ServeSpec) -> str:
+        """The contract a serve's processes get: its own (an A/B arm's) or the place's."""
+        return spec.transport or self.transport
     # the interpreter a rank's or a server's process runs (the image's on a cluster)
     python = "python3"
     # whether a file a rank writes lands where this machine reads it (the stage's folder):

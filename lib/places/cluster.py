@@ -61,14 +61,24 @@ def gate_adder(stage, server, gate_prefix: str) -> Callable[[Gate | dict | None]
 
 def serve_gates(engine: str, leader: str, logs: dict[str, str], *, backend: str, nodes: int,
                 gpus_per_node: int, num_experts: int | None, enforce_eager: bool,
-                api_servers: int, log_name: str, evidence: list[str]) -> list[dict] | None:
+                api_servers: int, log_name: str, evidence: list[str],
+                transport: str = "efa") -> list[dict] | None:
     """What the serve's logs prove (every pod's, every node's step's), as the engine reads them
     (lib.engines.base: the leader's log for what rank 0 alone logs, every log for every rank's
-    NCCL init and EFA provider); None when the engine's logs prove no backend."""
+    NCCL init and EFA provider, and the settings the serve's `transport` contract has every
+    rank read); None when the engine's logs prove no backend."""
     spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend,
-                      enforce_eager=enforce_eager, num_experts=num_experts)
+                      enforce_eager=enforce_eager, num_experts=num_experts, transport=transport)
     return catalog.engine(engine).log_gates(leader, logs, spec, log_name=log_name,
                                             evidence=evidence, api_servers=api_servers)
+
+
+def settings_gates(engine: str, logs: dict[str, str], *, backend: str, nodes: int,
+                   gpus_per_node: int, evidence: list[str]) -> list[dict]:
+    """What every pod's (node's) log proves of the settings the serve asked beyond its backend
+    (lib.engines.base.Engine.settings_gates), gated beside the backend gates, not among them."""
+    spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)
+    return catalog.engine(engine).settings_gates(logs, spec, evidence=evidence)
 
 
 def first_rank_gate(logs: dict[str, str], gpus_per_node: int, evidence: list[str]) -> dict:

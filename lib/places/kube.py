@@ -15,16 +15,14 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
 - `serve(spec)`: the engine as a StatefulSet with a headless Service for rank discovery and a
   Service that selects only the leader for HTTP, or (kube_workload leaderworkerset) as one
   LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
-  `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds;
-  every pod's log saved whole and gated (the backend vLLM built, the EP split, NCCL's EFA
-  provider on every rank, no legacy DeepEP buffer). Requests reach the server from inside the
-  cluster (`kubectl exec` into the leader), never through a port opened on this machine.
+  `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds; every
+  pod's log saved whole and gated (lib.places.cluster: backend, EP split, EFA on every rank,
+  settings). Requests reach the server from inside the cluster (`kubectl exec`), never here.
 - its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve whose files come back through
   its log (lib.places.stream).
 
-What kubectl's JSON says of pods and nodes is read by lib.places.kube_pods (pure); what this
-place shares with the slurm place (the pinned model, the serve's log gates, the deadline loop)
-is lib.places.cluster; its plan is lib.places.kube_plan.KubePlan.
+kubectl's JSON of pods and nodes is read by lib.places.kube_pods (pure); what this place shares
+with the slurm place (the pinned model, the log gates, the deadline loop) is lib.places.cluster.
 
 A pod that cannot be scheduled FAILs with the scheduler's own reason after `schedule_timeout_s`.
 Every object carries the run's label; a stage deletes what it applied when it ends (unless
@@ -46,7 +44,7 @@ from lib.places.kube_files import guide_files
 from lib.places.base import (NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              saved_model_config)
 from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE, first_rank_gate,
-                                gate_adder, pinned_model, serve_gates, wait_until)
+                                gate_adder, pinned_model, serve_gates, settings_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
 from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
 from lib.places.kube_pods import (PodStuck, exit_code, held_gate, is_finished, is_ready,
@@ -358,7 +356,7 @@ class KubePlace(Place):
             model_revision=p["model_revision"], backend=spec.backend,
             ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
             hf_token_secret=p["hf_token_secret"] or None, engine=spec.engine,
-            transport=self.transport)
+            transport=self.transport_of(spec))
         gpus = int(p["gpus_per_node"])
         server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                             stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
@@ -429,8 +427,11 @@ class KubePlace(Place):
                 spec.engine, logs[server.pods[0]], logs, backend=spec.backend,
                 nodes=spec.nodes, gpus_per_node=gpus,
                 num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
-                api_servers=gpus, log_name=evidence[0], evidence=evidence)
-            for g in server.backend_gates or []:
+                api_servers=gpus, log_name=evidence[0], evidence=evidence,
+                transport=self.transport_of(spec))
+            for g in (server.backend_gates or []) + settings_gates(
+                    spec.engine, logs, backend=spec.backend, nodes=spec.nodes,
+                    gpus_per_node=gpus, evidence=evidence):
                 add(g)
 
     def delete_lws(self, name: str) -> None:

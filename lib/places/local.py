@@ -24,6 +24,10 @@ from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeS
 
 HOST = "127.0.0.1"
 BUILD_TIMEOUT_S = 4 * 3600.0  # docker build of the image (EFA installer, DeepEP, vLLM)
+# docker build's named contexts (--build-context NAME=PATH, PATH from the repository root): the
+# image's Layer 7b copies this guide's vLLM patch 0002 from guide-patches (docker/Dockerfile),
+# so patches/ stays the one copy of it and the main context (docker/) stays as narrow as it is
+BUILD_CONTEXTS = {"guide-patches": Path("patches")}
 
 
 def vllm_here() -> tuple[int, bool]:
@@ -211,9 +215,10 @@ class LocalPlace(Place):
             reason = f"no Docker engine: docker info exited {info.rc}: {first}"
             self.stage.add(skip("docker build", reason), skip("verify-image.sh in the built image", reason))
             return {"engine": False, "reason": reason}
-        built = self.door.run(["docker", "build", "--progress=plain", "-f", str(dockerfile),
-                                "-t", tag, str(context)], cwd=repo, timeout=BUILD_TIMEOUT_S,
-                               check=False)
+        named = [f"--build-context={name}={path}" for name, path in BUILD_CONTEXTS.items()]
+        built = self.door.run(["docker", "build", "--progress=plain", *named, "-f",
+                               str(dockerfile), "-t", tag, str(context)], cwd=repo,
+                              timeout=BUILD_TIMEOUT_S, check=False)
         log = self.stage.write_text("build.log", built.stdout + built.stderr)
         tail = [l for l in built.stderr.splitlines() if l.strip()][-3:]
         self.stage.add(gate("docker build", built.rc == 0 and not built.timed_out,

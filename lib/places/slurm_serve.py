@@ -59,7 +59,8 @@ from lib.engines.base import EngineSpec
 import lib.places.batch as batch  # the module, not the package (no cycle through it)
 from lib.places.base import ClusterServer, ServeSpec, saved_model_config
 from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, first_rank_gate,
-                                gate_adder, pinned_model, serve_gates, wait_until)
+                                gate_adder, pinned_model, serve_gates, settings_gates,
+                                wait_until)
 
 CONFIG_TIMEOUT_S = 300.0  # a step that reads the served model's config on node 0
 ANSWER_TIMEOUT_S = 5.0  # is a stopped server's port still answering?
@@ -293,7 +294,7 @@ class SlurmServing:
             steps.append((node, batch.task_argv(
                 jobid=server.jobid, node=node, name=name,
                 time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
-                env=env, unset=unset_vars(self.transport), gpus_per_node=gpus,
+                env=env, unset=unset_vars(self.transport_of(spec)), gpus_per_node=gpus,
                 **self._in_image()), log_path))
         return steps
 
@@ -306,7 +307,7 @@ class SlurmServing:
             backend=spec.backend, enforce_eager=spec.enforce_eager,
             expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
             port=server.port, rendezvous=server.host, revision=p.get("model_revision") or None,
-            transport=self.transport, python=python, num_experts=spec.model.get("num_experts"),
+            transport=self.transport_of(spec), python=python, num_experts=spec.model.get("num_experts"),
             nccl_site=self.nccl_site(), **role)
 
     def _world_step(self, spec: ServeSpec, server: SlurmServer, python: str,
@@ -326,7 +327,7 @@ class SlurmServing:
         return [(",".join(server.nodes), batch.world_argv(
             jobid=server.jobid, nodes=server.nodes, name=name,
             time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv, env=env,
-            unset=unset_vars(self.transport), tasks_per_node=gpus,
+            unset=unset_vars(self.transport_of(spec)), tasks_per_node=gpus,
             mpi=self.stage["slurm_mpi"], **self._in_image()), server.log_path)]
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
@@ -356,17 +357,24 @@ class SlurmServing:
             spec.engine, leader, logs, backend=spec.backend, nodes=len(server.nodes),
             gpus_per_node=gpus_per_node, num_experts=spec.model.get("num_experts"),
             enforce_eager=spec.enforce_eager, api_servers=gpus_per_node, log_name=evidence[0],
-            evidence=evidence)
-        for g in server.backend_gates or []:
+            evidence=evidence, transport=self.transport_of(spec))
+        for g in (server.backend_gates or []) + settings_gates(
+                spec.engine, logs, backend=spec.backend, nodes=len(server.nodes),
+                gpus_per_node=gpus_per_node, evidence=evidence):
             add(g)
 
     def _settled_log(self, server: SlurmServer, engine, api_servers: int, started: float,
                      timeout_s: float) -> str:
         """The leader's log once the engine says every start-up line is in it (vLLM: one per
-        API server, one per local DP rank), or as it is at the deadline."""
+        API server, one per local DP rank), or as it is at the deadline. An engine that
+        settles when quiet (lib.engines.base): once two looks read the same text."""
+        before: list[str] = []
+
         def look(elapsed) -> tuple[bool, str]:
             text = self.door.read_text(server.log_path) or ""
-            return engine.settled(text, api_servers), text
+            quiet = not engine.settles_when_quiet or bool(text) and before[-1:] == [text]
+            before[:] = [text]
+            return engine.settled(text, api_servers) and quiet, text
 
         return wait_until(self.door, look, timeout_s, poll_s=served.POLL_INTERVAL_S,
                           started=started)

@@ -41,7 +41,7 @@ def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: i
         return place.serve(ServeSpec(
             engine, model, backend=arm.backend or stage["all2all_backend"],
             enforce_eager=arm.enforce_eager, expert_parallel=arm.expert_parallel,
-            num_comms=arm.num_comms,
+            num_comms=arm.num_comms, transport=arm.transport,
             timeout_s=stage["server_timeout_s"], gate_prefix=gate_prefix, log_name=log_name,
             gpus=gpus, nodes=stage["nodes"]))
     serve.rss = place.server_rss  # what the loop reads of a server's memory

@@ -31,6 +31,7 @@ from lib import places
 from lib.core.door import REPO_ROOT
 from lib.core.evidence import gate, skip
 from lib.places import Unsupported
+from lib.places.local import BUILD_CONTEXTS
 from lib.roots import pins as pins_mod
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -165,9 +166,10 @@ def _shell_logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def image_references(text: str) -> list[dict]:
-    """Every image a FROM or COPY --from names, with ARG defaults substituted."""
+    """Every image a FROM or COPY --from names, with ARG defaults substituted; not a named
+    build context the build passes (lib.places.local.BUILD_CONTEXTS: a folder, no image)."""
     defaults = {a["name"]: a["value"] for a in parse_args(text) if a["value"] is not None}
-    stages: set[str] = set()
+    stages: set[str] = set(BUILD_CONTEXTS)
     refs = []
     for number, word, rest in instructions(text):
         if word == "FROM":

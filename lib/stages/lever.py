@@ -59,15 +59,18 @@ throughput_ab.png.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from lib import places
 from lib.core.evidence import Gate, gate, skip
 from lib.core.stage import Stage
-from lib.engines import catalog, server as serve
+from lib.engines import catalog, server as serve, transport
 from lib.measure import serving, stats
 from lib.measure.serving import Arm
 from lib.places import Unsupported
+from lib.roots import pins as pins_mod
 from lib.stages import ab, kernel
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -79,6 +82,29 @@ COMPARISONS = (("graphs+EP", "eager+EP"), ("eager, no EP", "eager+EP"))
 CLUSTER_ARMS = ("deepep_v2 against allgather_reducescatter over EFA, and EP_NUM_COMMS 1 against 8 "
                 "(the multicomm overlay): both need DeepEP's ElasticBuffer with GIN over an RDMA "
                 "NIC; this machine has NVLink and no RDMA NIC (GIN off: EP_DISABLE_GIN=1)")
+
+
+GIN_TYPE5 = "gin_type5"
+GIN_LEVER = "GIN type 5 against type 2 (the transport A/B)"
+
+
+def gin_arm(stage: Stage, place, base: Arm) -> Arm | None:
+    """The transport lever's arm on a cluster place: `base` (arm a) served over the other EFA
+    contract, so the stage compares GIN type 5 (GPU-initiated, NCCL_GIN_TYPE=5) with type 2 (the
+    CPU proxy) on the same nodes and communicators. None, with the lever a SKIP naming the
+    floor, where the run's pin set is below type 5's (lib.engines.transport: NCCL >= 2.31,
+    EFA installer >= 1.50)."""
+    pin_set = stage.params.get("pin_set") or pins_mod.RECORDED_BEFORE_SETS
+    problems = transport.floor_problems(GIN_TYPE5, pins_mod.set_pins(pins_mod.load(), pin_set))
+    if problems:
+        stage.add(skip(GIN_LEVER, f"pin set {pin_set!r} is below GIN type 5's floor: "
+                       f"{'; '.join(problems)}; a pin set that reaches it (-p pin_set) adds "
+                       "the arm"))
+        return None
+    other = "efa" if place.transport == GIN_TYPE5 else GIN_TYPE5
+    kind = "5" if other == GIN_TYPE5 else "2"
+    return replace(base, name=f"GIN type {kind}, {base.name}", slug=f"{base.slug}-gin{kind}",
+                   transport=other)
 
 
 def arm_order(repeats: int, a: int, b: int) -> list[tuple[int, int]]:
@@ -197,9 +223,14 @@ def run_vllm(stage: Stage, place) -> dict:
         a, b = p["arm_a_comms"], p["arm_b_comms"]
         arms = tuple(Arm(f"EP_NUM_COMMS={k}", f"vllm-epnc{k}", p["enforce_eager"], True,
                          num_comms=k) for k in (a, b))
+        comparisons = ((arms[1].name, arms[0].name),)
+        gin = gin_arm(stage, place, arms[0])
+        if gin is not None:  # type 5 over type 2, both at arm a's communicators
+            arms += (gin,)
+            comparisons += ((gin.name, arms[0].name) if gin.transport == GIN_TYPE5
+                            else (arms[0].name, gin.name),)
         return ab.serving_ab(stage, place, arms, serving.traffic_shapes(p, prefill=False),
-                             ((arms[1].name, arms[0].name),), p["ab_repeats"],
-                             "throughput_ab.png")
+                             comparisons, p["ab_repeats"], "throughput_ab.png")
     stage.add(skip("EP_NUM_COMMS A/B (the kernel benchmark's K communicators)",
                    "engine 'vllm' measures the serving A/B; EP_NUM_COMMS is DeepEP's GIN lever, "
                    "off on one machine (EP_DISABLE_GIN=1); the torch analog is 06 with engine "

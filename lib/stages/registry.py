@@ -175,11 +175,11 @@ _PARAMS = [
     Param("transport", OneOf(transport_mod.TRANSPORTS),
           {"local": "intranode_nvlink", **_cluster("efa")},
           "the transport contract of the GPU processes (lib.engines.transport): efa = NCCL GIN "
-          "type 2, the CPU proxy over EFA (the published runs); efa_gin_type5 = GIN type 5, "
+          "type 2, the CPU proxy over EFA (the published runs); gin_type5 = GIN type 5, "
           "the GPU-initiated EFA path AWS's benchmark runs (needs a pin set with NCCL >= 2.31 "
           "and EFA installer >= 1.50); intranode_nvlink = one machine's NVLink with GIN off",
-          together="intranode_nvlink on the local context, efa or efa_gin_type5 on a cluster; "
-                   "efa_gin_type5 only with a pin set that reaches its floor"),
+          together="intranode_nvlink on the local context, efa or gin_type5 on a cluster; "
+                   "gin_type5 only with a pin set that reaches its floor"),
     Param("keep", Flag(), {"*": False},
           "kube and slurm: leave the serve up for the next stage (else every object or job of "
           "the run is deleted when the stage ends)"),
@@ -509,10 +509,10 @@ def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
     if one_machine and name != "intranode_nvlink":
         raise ParameterError("transport", name, "intranode_nvlink on the local context (one "
                                                 "machine's NVLink, GIN off); efa and "
-                                                "efa_gin_type5 cross nodes over EFA: a cluster "
+                                                "gin_type5 cross nodes over EFA: a cluster "
                                                 "(kube, slurm, or plan for one)")
     if not one_machine and "context" in p and not transport_mod.over_efa(name):
-        raise ParameterError("transport", name, "efa or efa_gin_type5 on a cluster place (its "
+        raise ParameterError("transport", name, "efa or gin_type5 on a cluster place (its "
                                                 "nodes talk over EFA)")
     if p.get("pin_set"):
         transport_mod.check_pin_set(name, p["pin_set"], pins_mod.set_pins(_PINS, p["pin_set"]))

@@ -106,6 +106,22 @@ def test_03_planned_for_kube_renders_checks_and_records_and_replays(tmp_path):
     replay.finish()  # the same plan, the same gates
 
 
+def test_a_plan_names_the_image_of_the_pins_its_run_recorded(tmp_path):
+    """02's tag comes from the pins digest in run.json: a plan replayed after pins.yaml moved on
+    still names the image it planned (the tag CI's replay of a committed plan asks for)."""
+    from lib.places.planning import planned_image
+    from lib.roots import pins
+
+    stage = plan_stage(tmp_path)
+    assert planned_image(stage) == f"deepep-v2-efa:pins-{pins.digest()[:12]}"  # no run.json yet
+    (tmp_path / "run.json").write_text(json.dumps({"pins_digest": "0123456789ab" + "f" * 52}))
+    assert planned_image(stage) == "deepep-v2-efa:pins-0123456789ab"
+    kernel.run(stage)
+    notes = [e["key"][1] for e in read_transcript(tmp_path / "transcript.jsonl")
+             if e["kind"] == "plan" and e["key"][0] == "#"]
+    assert any(n.startswith("image: deepep-v2-efa:pins-0123456789ab ") for n in notes)
+
+
 @pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", KubePlan),
                                            ("kube", KubePlace), ("slurm", SlurmPlace)])
 def test_each_context_has_its_place(tmp_path, context, kind):

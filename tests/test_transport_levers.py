@@ -234,3 +234,31 @@ def test_06_lists_the_transport_ab_as_a_lever_skipped_below_its_floor(tmp_path):
                         {"pin_set": "newest-2026-12", "transport": "gin_type5"})
     back = lever.gin_arm(typed5, places.for_stage(typed5), base)
     assert (back.transport, back.slug) == ("efa", "vllm-epnc1-gin2")
+
+
+def test_a_plan_of_06_renders_every_arm_the_transport_arm_with_type_5(tmp_path, monkeypatch):
+    """`run --context plan` of 04 and 06 on a pin set above type 5's floor: 06 renders each
+    arm's serve in turn (EP_NUM_COMMS a and b over type 2, the lever's arm over type 5), each
+    checked, and SKIPs the A/B naming every arm; no FAIL."""
+    import json
+    from lib import runner
+    from lib.stages import lever
+
+    monkeypatch.setattr(runner, "RESULTS", tmp_path)
+    run_dir, rc = runner.run_guide("plan", "plan-gin", {
+        "engine": "vllm", "pin_set": "newest-2026-12", "nodes": "2",
+        "results_dir": str(tmp_path)}, ["04_serve", "06_multicomm"])
+    assert rc == 0
+    gates = json.loads((run_dir / "06_multicomm" / "gates.json").read_text())
+    assert not [g for g in gates if g["status"] == "FAIL"]
+    assert not [g for g in gates if g["gate"] == lever.GIN_LEVER]  # the arm, not its SKIP
+    manifests = run_dir / "06_multicomm" / "manifests"
+    contracts = {slug: env_of((manifests / f"{slug}.yaml").read_text())["NCCL_GIN_TYPE"]
+                 for slug in ("vllm-epnc1-1", "vllm-epnc8-1", "vllm-epnc1-gin5-1")}
+    assert contracts == {"vllm-epnc1-1": "2", "vllm-epnc8-1": "2", "vllm-epnc1-gin5-1": "5"}
+    assert env_of((manifests / "vllm-epnc1-gin5-1.yaml").read_text())[
+        "NCCL_SYM_GIN_KERNELS_ENABLE"] == "0"
+    (ab,) = [g for g in gates if g["gate"] == "serving A/B"]
+    assert ab["status"] == "SKIP"
+    for arm in ("EP_NUM_COMMS=1: ", "EP_NUM_COMMS=8: ", "GIN type 5, EP_NUM_COMMS=1: "):
+        assert arm in ab["reason"], arm

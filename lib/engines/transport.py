@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from lib.core.errors import ParameterError
 
@@ -242,14 +242,18 @@ def floor_problems(name: str, pins: Mapping[str, Mapping]) -> list[str]:
     return problems
 
 
-def check_pin_set(name: str, pin_set: str, pins: Mapping[str, Mapping]) -> None:
-    """Refuse contract ``name`` on pin set ``pin_set`` (its pins ``pins``) below its floor."""
+def check_pin_set(name: str, pin_set: str, pins: Mapping[str, Mapping],
+                  reaching: Sequence[str] = ()) -> None:
+    """Refuse contract ``name`` on pin set ``pin_set`` (its pins ``pins``) below its floor,
+    naming the sets that reach it (``reaching``)."""
     problems = floor_problems(name, pins)
     if problems:
+        sets = (f" ({', '.join(f'-p pin_set {s}' for s in reaching)})" if reaching
+                else " (no pin set reaches it today)")
         raise ParameterError("transport", name,
                              f"a transport pin set {pin_set!r} can carry: {'; '.join(problems)}; "
                              f"choose -p transport efa (GIN type 2) or a pin_set whose NCCL is "
-                             ">= 2.31 and EFA installer >= 1.50")
+                             f">= 2.31 and EFA installer >= 1.50{sets}")
 
 
 def _check_name(name: str) -> str:

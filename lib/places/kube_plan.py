@@ -31,7 +31,7 @@ class KubePlan(Planning, KubePlace):
     def _image(self) -> str:
         image = self.stage["image"]
         if not image:
-            image = planned_image()
+            image = planned_image(self.stage)
             self._note(f"image: {image} (02's tag for these pins; give -p image "
                        "<registry>/<name>@sha256:... to plan the image you pushed)")
         return image

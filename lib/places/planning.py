@@ -7,15 +7,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lib.core import evidence
 from lib.core.errors import Unsupported
 from lib.roots import pins as pins_mod
 
 IMAGE_NAME = "deepep-v2-efa"  # as 02 tags its build (lib.stages.image)
 
 
-def planned_image() -> str:
-    """The tag 02 gives the image it builds from these pins (pins-<digest>)."""
-    return f"{IMAGE_NAME}:pins-{pins_mod.digest()[:12]}"
+def planned_image(stage) -> str:
+    """The tag 02 gives the image it builds from the run's pins (pins-<digest>): the digest its
+    run.json recorded (lib.stages.opening), so a replayed plan names the image it planned even
+    after pins.yaml has moved on; the pins file's own digest before run.json exists."""
+    record = stage.run_dir / "run.json"
+    run = evidence.read_json(record) if record.is_file() else None
+    digest = run.get("pins_digest") if isinstance(run, dict) else None
+    return f"{IMAGE_NAME}:pins-{(digest or pins_mod.digest())[:12]}"
 
 
 def tool(name: str) -> str:

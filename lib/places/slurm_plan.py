@@ -46,7 +46,7 @@ class SlurmPlan(Planning, SlurmPlace):
     def _image(self) -> str:
         image = super()._image()
         if not image and not self.stage["venv"]:
-            image = planned_image()
+            image = planned_image(self.stage)
             self._note(f"image: {image} (02's tag for these pins; give -p image "
                        "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
         return image

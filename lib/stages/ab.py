@@ -54,6 +54,26 @@ def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: i
 # of cells, recreated whole, the blocks' order reversed on every other repeat (06's rounds).
 
 
+def plan_arms(stage: Stage, serve, arms: tuple[Arm, ...], one_machine: bool) -> dict:
+    """A plan of the A/B: each arm's serve rendered and checked in turn, under the names the
+    measured loop gives its first start (lib.measure.serving), so a plan lists every arm (06's
+    levers among them); one SKIP of the A/B naming each arm's plan."""
+    said = []
+    for arm in arms:
+        one = len(arms) == 1
+        first = "" if one_machine else ", start 1"
+        prefix = "" if one else arm.name + first
+        log = None if one else f"{arm.slug}{'-1' if first else ''}.log"
+        try:
+            with serve(arm, prefix, log):
+                pass
+        except Unsupported as why:
+            said.append(f"{arm.name}: {why}")
+    reason = "; ".join(said) or "a plan measures nothing"
+    stage.add(skip("serving A/B", reason))
+    return {"serving_ab": True, "skipped": reason, "planned_arms": [a.name for a in arms]}
+
+
 def backend_arms(backends: list[str]) -> tuple[serving.Arm, ...]:
     """One eager EP arm per all-to-all backend (05's backend A/B)."""
     return tuple(serving.Arm(b, f"vllm-{b.replace('_', '-')}", True, True, b) for b in backends)
@@ -83,6 +103,9 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
               f"{len(arms)} arms x {len(shapes)} shape(s)), {sweep.requests_said(p)} requests "
               "each", flush=True)
 
+    if stage.door.planning:  # every arm's serve rendered and checked, nothing measured
+        return plan_arms(stage, arm_servers(stage, place, model, "vllm", place.gpus()), arms,
+                         place.one_machine)
     try:
         gpus = place.gpus()
         m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, shapes,

@@ -515,7 +515,10 @@ def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
         raise ParameterError("transport", name, "efa or gin_type5 on a cluster place (its "
                                                 "nodes talk over EFA)")
     if p.get("pin_set"):
-        transport_mod.check_pin_set(name, p["pin_set"], pins_mod.set_pins(_PINS, p["pin_set"]))
+        reaching = [s for s in pins_mod.set_names(_PINS)
+                    if not transport_mod.floor_problems(name, pins_mod.set_pins(_PINS, s))]
+        transport_mod.check_pin_set(name, p["pin_set"], pins_mod.set_pins(_PINS, p["pin_set"]),
+                                    reaching)
 
 
 def _check_training(p: dict[str, Any], ranks: int | None) -> None:

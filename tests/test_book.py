@@ -240,7 +240,7 @@ def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest
     vllm = coverage.coverage_table(runs).set_index("engine / lane").loc["vLLM"]
     assert vllm["one GPU host"].startswith("**measured**")
     assert vllm["Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
-    assert f"{coverage.SIMULATED_NODES}: 2 runs, 2 passing; latest kube-ctlplane-20261204" in page
+    assert f"{coverage.SIMULATED_NODES}: 3 runs, 3 passing; latest kube-ctlplane-20261206" in page
     source = (built.parent / ".src" / "book" / "coverage.md").read_text(encoding="utf-8")
     for claim in cited.CLAIMS:  # in the page's source: Sphinx typesets '--' as a dash
         assert claim["claim"] in source and claim["date"] in source

@@ -90,6 +90,28 @@ def test_an_image_that_cannot_be_pulled_fails_at_once_quoting_the_registry(env, 
     assert env.objects_left() == []
 
 
+def test_03_s_rank_pods_whose_image_cannot_be_pulled_fail_as_not_started_quoting_the_kubelet(
+        env, tmp_path):
+    """The same fault under 03's rank pods: scheduled, so the FAIL says 'pods started' and
+    quotes the kubelet's waiting reason with the registry's message (never 'the scheduler'),
+    at the first look, and the job's objects are deleted."""
+    message = image_cannot_be_pulled(env, "test-ep-at-128-tokens-*", IMAGE, backoff_after=25.0)
+    run = tmp_path / "run"
+    stage = env.stage("03_kernel_test", run, test_ep_tokens="128", schedule_timeout_s=60)
+    started = time.monotonic()
+    kernel.run(stage)
+    stage.finish()
+    took = time.monotonic() - started
+    failed = fails(stage)
+    (gate_name,) = [g for g in failed if g.endswith("test_ep at 128 tokens: pods started")]
+    assert failed[gate_name].startswith("the kubelet: pod test-ep-at-128-tokens-"), failed
+    assert "ErrImagePull: " in failed[gate_name] and message in failed[gate_name]
+    assert not [g for g in failed if g.endswith("pods scheduled")]
+    assert took < 45, took  # not at the 60 s schedule timeout
+    sealed(run, "03_kernel_test")
+    assert env.objects_left() == []
+
+
 def fault_mid_serve(env, tmp_path, fault) -> tuple:
     """04 with vLLM's pods: the fault done to pod vllm-1 as the leader is asked /v1/models
     (after every pod was Ready); the finished stage and vllm-1's node."""
@@ -303,6 +325,38 @@ def test_a_namespace_without_privileged_pods_is_refused_by_admission_quoted(env,
     assert re.search(r'pods "test-ep-at-128-tokens-\d" is forbidden: PodSecurityPolicy: unable '
                      r"to admit pod: \[.*Privileged containers are not allowed", reason), reason
     sealed(run, "03_kernel_test")
+    assert env.objects_left() == []
+
+
+def test_a_serve_whose_pods_admission_refuses_fails_at_once_quoting_the_controller(env, tmp_path):
+    """The same restricted namespace under 04: kubectl apply stores the StatefulSet (admission
+    judges pods, not their controllers), then the StatefulSet controller's every try to create
+    vllm-0 and vllm-1 is refused. The wait reads the controller's FailedCreate events (of this
+    StatefulSet's uid) and FAILs 'server ready' quoting them, long before its timeouts; nothing
+    is left behind."""
+    plane = env.plane
+    plane.restart_apiserver(extra_flags=["--enable-admission-plugins=PodSecurityPolicy"])
+    try:
+        plane.apply(RESTRICTED_PSP)
+        serve_vllm(env, tmp_path)
+        run = tmp_path / "run"
+        started = time.monotonic()
+        stage = run_04(env, run, schedule_timeout_s=120, server_timeout_s=300)
+        took = time.monotonic() - started
+    finally:
+        plane.kubectl("delete", "podsecuritypolicy", RESTRICTED_PSP["metadata"]["name"],
+                      "--ignore-not-found")
+        plane.restart_apiserver()
+    failed = fails(stage)
+    assert list(failed) == ["server ready"], failed
+    reason = failed["server ready"]
+    assert reason.startswith("the StatefulSet controller: create Pod vllm-"), reason
+    assert re.search(r'pods "vllm-[01]" is forbidden: PodSecurityPolicy: unable to admit pod: '
+                     r"\[.*Privileged containers are not allowed", reason), reason
+    gate_row = next(g for g in stage.gates if g.gate == "server ready")
+    assert (gate_row.observed, gate_row.expected) == ("no pod", "every pod created")
+    assert took < 60, took  # not at the 120 s schedule timeout, nor the 300 s server timeout
+    sealed(run, "04_serve")
     assert env.objects_left() == []
 
 

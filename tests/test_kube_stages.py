@@ -18,6 +18,7 @@ except ImportError:
     from tests.kubeplane import NOT_BUILT, plane_available
 
 from lib.core.door import read_transcript
+from lib.places import manifests
 from lib.measure import triage
 from lib.stages import cluster, kernel, serve as serve_stage
 from tests import compose
@@ -410,8 +411,21 @@ def test_05_aiperf_runs_as_a_job_beside_the_serve_and_its_files_come_back(env, t
     assert len(data["summary"]) == 3 and list(data["summary"]["requests_completed"]) == [40] * 3
     cell = run / "05_sweep" / "aiperf" / "repeat_1" / "aiperf-vllm-c4"
     assert (cell / "profile_export_aiperf.json").exists()  # came back through the Job's log
-    jobs = (run / "05_sweep" / "manifests").glob("aiperf-vllm-c*-r1.yaml")
-    assert len(list(jobs)) == 3
+    jobs = sorted((run / "05_sweep" / "manifests").glob("aiperf-vllm-c*-r1.yaml"))
+    assert len(jobs) == 3
+    # each Job ran on the leader's node (the real scheduler honoured its pod affinity), AIPerf
+    # reading the tokenizer cache-only at the pinned revision from that node's model cache
+    leader_node = json.loads((run / "05_sweep" / "pods" / "vllm-0.status.json").read_text())["node"]
+    for path in jobs:
+        pod = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]
+        script, env_set = pod["containers"][0]["command"][2], pod["containers"][0]["env"]
+        assert "HF_HUB_OFFLINE=1 /opt/aiperf/bin/aiperf profile" in script
+        assert f"--tokenizer-revision {stage['model_revision']}" in script
+        assert {"name": "HF_HOME", "value": manifests.MODEL_CACHE_PATH} in env_set
+        assert pod["volumes"][1]["hostPath"]["path"] == MODEL_CACHE
+    statuses_of_jobs = sorted((run / "05_sweep" / "pods").glob("aiperf-vllm-c*-r1-*.status.json"))
+    assert len(statuses_of_jobs) == 3
+    assert {json.loads(p.read_text())["node"] for p in statuses_of_jobs} == {leader_node}
     assert env.objects_left() == []
     replay = env.stage("05_sweep", run, replay=True, **SWEEP)
     sweep_stage.run(replay)

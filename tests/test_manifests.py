@@ -73,7 +73,10 @@ def everything() -> dict[str, list[dict]]:
                                         "python": "/usr/bin/python3", "enforce_eager": False}),
         "kernel": kernel_objects(timeout_s=1800, modules=guide_files(deepep.TEST_EP_MODULES)),
         "probes": [mf.node_probe_pod(run_id=RUN, node=n, image=IMAGE) for n in NODES],
-        "aiperf": [mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv)],
+        "aiperf": [mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv),
+                   mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, name="aiperf-cached",
+                                 model_cache_dir=SERVE["model_cache_dir"],
+                                 beside=mf.leader_selector(RUN, mf.DEFAULT_SERVE_NAME))],
     }
 
 
@@ -662,6 +665,45 @@ def test_the_aiperf_job_runs_once_against_the_leader_and_prints_its_artifacts(tm
         got = stream.unpack(proc.stdout, block, tmp_path / f"back{rc}")
         assert [p.name for p in got] == ["profile_export_aiperf.json"]
     Path(f"/tmp/{block}.tgz").unlink(missing_ok=True)
+
+
+def test_the_aiperf_job_of_a_hub_model_sits_beside_the_leader_with_its_cache_read_only():
+    """With model_cache_dir: the Job's pod must share a node with the leader pod (the labels the
+    HTTP Service selects it by, StatefulSet or LeaderWorkerSet), the node's model cache mounted
+    read-only, HF_HOME there; refused without the leader's labels."""
+    beside = mf.leader_selector(RUN, mf.DEFAULT_SERVE_NAME)
+    job = mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv,
+                        model_cache_dir="/mnt/nvme/hf-cache", beside=beside)
+    pod = job["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": beside}, "topologyKey": mf.HOSTNAME_LABEL}
+    container = pod["containers"][0]
+    assert env_of(container)["HF_HOME"] == mf.MODEL_CACHE_PATH
+    assert {"name": "model-cache", "mountPath": mf.MODEL_CACHE_PATH, "readOnly": True} \
+        in container["volumeMounts"]
+    assert {"name": "model-cache", "hostPath": {"path": "/mnt/nvme/hf-cache",
+                                                "type": "Directory"}} in pod["volumes"]
+    # the selector is the HTTP Service's: it matches pod 0 of the StatefulSet alone
+    sts_objects = mf.vllm_objects(**SERVE)
+    (http,) = [o for o in sts_objects if o["metadata"]["name"] == mf.http_service_name("vllm")]
+    assert http["spec"]["selector"] == beside
+    sts = next(o for o in sts_objects if o["kind"] == "StatefulSet")
+    made = {k: {**sts["spec"]["template"]["metadata"]["labels"], mf.POD_NAME_LABEL: f"vllm-{k}"}
+            for k in (0, 1)}
+    assert matches(beside, made[0]) and not matches(beside, made[1])
+    lws = mf.leaderworkerset_objects(**SERVE)
+    (lws_http,) = [o for o in lws if o["kind"] == "Service"]
+    assert lws_http["spec"]["selector"] == mf.leader_selector(RUN, "vllm", lws=True)
+    # without a cache nothing of it; a cache without the leader's labels is refused
+    plain = mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv)["spec"]["template"]["spec"]
+    assert "affinity" not in plain and [v["name"] for v in plain["volumes"]] == ["artifacts"]
+    for bad in (None, {}):
+        with pytest.raises(ParameterError, match="beside"):
+            mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv,
+                          model_cache_dir="/mnt/nvme/hf-cache", beside=bad)
+    with pytest.raises(ParameterError, match="model_cache_dir"):
+        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, model_cache_dir="cache",
+                      beside=beside)
 
 
 # ---- a real control plane (Kubernetes 1.20.2) ------------------------------------------------------

@@ -18,8 +18,8 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds; every
   pod's log saved whole and gated (lib.places.cluster: backend, EP split, EFA on every rank,
   settings). Requests reach the server from inside the cluster (`kubectl exec`), never here.
-- its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve whose files come back through
-  its log (lib.places.stream).
+- its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve's leader, its files back
+  through its log (lib.places.kube_aiperf).
 
 kubectl's JSON of pods and nodes is read by lib.places.kube_pods (pure); what this place shares
 with the slurm place (the pinned model, the log gates, the deadline loop) is lib.places.cluster.
@@ -35,32 +35,34 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from lib.core.door import CallResult
-from lib.core.errors import NotScheduled, PlaceError, StreamError, Unsupported
+from lib.core.errors import NotScheduled, PlaceError, Unsupported
 from lib.core.evidence import gate, skip
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
-import lib.places.stream as stream
+from lib.places.kube_aiperf import KubeAiperf
 from lib.places.kube_files import guide_files
 from lib.places.base import (NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              saved_model_config)
-from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, DEEPEP_IN_IMAGE, first_rank_gate,
+from lib.places.cluster import (DEEPEP_IN_IMAGE, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, settings_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
 from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
-from lib.places.kube_pods import (PodStuck, exit_code, held_gate, is_finished, is_ready,
-                                  node_facts, object_name, phase_of, pod_record, probe_facts,
-                                  stage_selector, stuck_reason, trouble, unschedulable,
-                                  where_pod)
+from lib.places.kube_pods import (PodsNotCreated, PodStuck, exit_code, failed_creations,
+                                  held_gate, is_finished, is_ready, node_facts, object_name,
+                                  phase_of, pod_record, probe_facts, stage_selector,
+                                  stuck_reason, trouble, unschedulable, where_pod)
 from lib.places.kube_retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
 from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
 POLL_S = 2.0  # between two looks at a pod's status
+# A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
+# absent after this long are looked for in its FailedCreate events (an admission's refusal).
+CREATE_GRACE_S = 10.0
 DELETE_TIMEOUT_S = 300.0
 VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
 
 
-class KubePlace(Place):
+class KubePlace(KubeAiperf, Place):
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
     engines = ("vllm", "sglang", "trtllm")
@@ -207,14 +209,21 @@ class KubePlace(Place):
         pods = {p["metadata"]["name"]: p for p in (got or {}).get("items", [])}
         return {n: pods.get(n) for n in names}
 
-    def wait_pods(self, names: list[str], *, done: bool, timeout_s: float) -> dict[str, dict]:
+    def wait_pods(self, names: list[str], *, done: bool, timeout_s: float,
+                  made_by: str | None = None) -> dict[str, dict]:
         """Until every pod is Ready (done=False) or finished (done=True), or time is up. A pod
-        Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason."""
+        Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason; a pod
+        stuck on its image or config raises PodStuck at once; pods of the StatefulSet `made_by`
+        still absent after CREATE_GRACE_S raise PodsNotCreated where its controller said why."""
         schedule_by = self.stage["schedule_timeout_s"]
 
         def look(elapsed) -> tuple[bool, dict[str, dict]]:
             pods = self.pod_status(names)
             waited = elapsed()
+            if made_by and waited >= CREATE_GRACE_S and not all(pods.values()):
+                said = self.not_created(made_by)
+                if said:
+                    raise PodsNotCreated(f"the StatefulSet controller: {said}")
             pending = {n: unschedulable(p) for n, p in pods.items() if p and
                        p["status"].get("phase") == "Pending"}
             reasons = {n: r for n, r in pending.items() if r}
@@ -231,6 +240,16 @@ class KubePlace(Place):
 
         return wait_until(self.door, look, timeout_s, f"{len(names)} pod(s) "
                           f"{'finished' if done else 'ready'}: {', '.join(names)}", poll_s=POLL_S)
+
+    def not_created(self, statefulset: str) -> str | None:
+        """Why the StatefulSet `statefulset` (of this stage: its uid read now, so an older
+        object's events of the same name are not its) made no pod: its FailedCreate events."""
+        got = self._json("get", "statefulset", statefulset)
+        uid = ((got or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        return failed_creations(self._json("get", "events", "--field-selector",
+                                           f"involvedObject.uid={uid},reason=FailedCreate"))
 
     def pod_log(self, name: str, status: dict | None = None) -> str:
         """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder, with what its
@@ -257,11 +276,14 @@ class KubePlace(Place):
             try:
                 statuses = self.wait_pods(pods, done=True, timeout_s=job.timeout_s
                                           + self.stage["schedule_timeout_s"])
-            except NotScheduled as why:
-                self.stage.add(gate(f"{job.name}: pods scheduled", False, "Pending",
-                                    "every pod scheduled", f"the scheduler: {why}", []))
-                return [NodeRun(r, None, "", f"not scheduled: {why}", False, [])
-                        for r in range(job.nodes)]
+            except NotScheduled as why:  # PodStuck: scheduled, but its container cannot start
+                stuck = isinstance(why, PodStuck)
+                self.stage.add(gate(
+                    f"{job.name}: pods {'started' if stuck else 'scheduled'}", False, "Pending",
+                    f"every pod {'started' if stuck else 'scheduled'}",
+                    f"{'the kubelet' if stuck else 'the scheduler'}: {why}", []))
+                return [NodeRun(r, None, "", f"{'not started' if stuck else 'not scheduled'}: "
+                                f"{why}", False, []) for r in range(job.nodes)]
             runs = []
             for rank, pod in enumerate(pods):
                 text = self.pod_log(pod, statuses.get(pod))
@@ -364,6 +386,7 @@ class KubePlace(Place):
                             service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
         server.pods = (manifests.lws_pod_names(name, spec.nodes) if lws
                        else [f"{name}-{k}" for k in range(spec.nodes)])
+        server.tokenizer_revision = spec.model.get("revision") or None  # AIPerf's, in the cache
         add = gate_adder(stage, server, spec.gate_prefix)
         self.apply(objects, name)
         try:
@@ -393,7 +416,11 @@ class KubePlace(Place):
         stage, gpus = self.stage, int(self.stage["gpus_per_node"])
         started = self.door.now()
         try:
-            statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s)
+            statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s,
+                                      made_by=None if lws else server.pods[0].rsplit("-", 1)[0])
+        except PodsNotCreated as why:
+            add(gate("server ready", False, "no pod", "every pod created", str(why), []))
+            return
         except PodStuck as why:
             add(gate("server ready", False, "Pending", "every pod running", str(why), []))
             return
@@ -451,50 +478,3 @@ class KubePlace(Place):
             _CONFIG_SCRIPT, model["model_dir"], p["model_revision"] or "main"),
             timeout=KUBECTL_TIMEOUT_S, check=False)
         return saved_model_config(self.stage, call)
-
-    def aiperf_beside(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
-                       name: str) -> CallResult:
-        """One AIPerf cell as a Job in the cluster against the leader's Service; what it wrote
-        comes back through its log (a finished Job's pod cannot be copied from) into `out`,
-        read by the same AIPerf reader as on the local place."""
-        job_name = object_name(name)
-        folder = f"{manifests.ARTIFACT_ROOT}/cell"
-        argv = argv_for(AIPERF_IN_IMAGE, folder, None)
-        job = manifests.aiperf_job(run_id=self.stage.run_id, image=self._image(), argv=argv,
-                                   artifact_dir=folder, block=job_name, name=job_name,
-                                   stage=self.stage.name, namespace=self.namespace,
-                                   serve_name=server.pods[0].rsplit("-", 1)[0],
-                                   timeout_s=timeout, env=AIPERF_ENV)
-        started = self.door.now()
-        self.apply([job], job_name)
-        try:
-            pod = self.wait_job(job_name, timeout_s=timeout + self.stage["schedule_timeout_s"])
-            name_of = (pod or {}).get("metadata", {}).get("name")
-            text = self.pod_log(name_of, pod) if name_of else ""
-            try:
-                stream.unpack(text, job_name, out)
-                note = ""
-            except StreamError as why:
-                note = f"\nthe job's files did not come back: {why}"
-            rc = exit_code(pod)
-            result = CallResult(argv, -1 if rc is None else rc, text, note,
-                                round(self.door.now() - started, 3), not is_finished(pod))
-            result.streams = ([self.stage.rel(self.stage.path("pods", f"{name_of}.log"))]
-                              if name_of else [])
-            return result
-        finally:
-            self.delete(job_name)
-
-    def wait_job(self, name: str, *, timeout_s: float) -> dict | None:
-        """The pod of Job `name` once it finished (None when none appeared in time)."""
-        def look(elapsed) -> tuple[bool, dict | None]:
-            got = self._json("get", "pods", "-l", f"job-name={name}")
-            pods = (got or {}).get("items", [])
-            pod = pods[0] if pods else None
-            waited = elapsed()
-            if pod and is_finished(pod):
-                return True, pod
-            reason = unschedulable(pod) if pod else None
-            return bool(reason and waited >= self.stage["schedule_timeout_s"]), pod
-
-        return wait_until(self.door, look, timeout_s, f"the job {name}", poll_s=POLL_S)

@@ -90,7 +90,8 @@ class KubePlan(Planning, KubePlace):
         self.door.plan(self.kubectl("apply", "-f", rel), note=f"apply {name}")
         return rel
 
-    def wait_pods(self, names: list[str], *, done: bool, timeout_s: float) -> dict[str, dict]:
+    def wait_pods(self, names: list[str], *, done: bool, timeout_s: float,
+                  made_by: str | None = None) -> dict[str, dict]:
         what = "finished" if done else "ready"
         self.door.plan(self.kubectl("wait", "--for", "condition=" + (
             "Ready" if not done else "complete"), "--timeout", f"{int(timeout_s)}s",

@@ -182,6 +182,24 @@ class PodStuck(NotScheduled):
     A NotScheduled, so every wait's caller stops the same way."""
 
 
+class PodsNotCreated(PodStuck):
+    """A controller could not create a serve's pods: its FailedCreate events (an admission's
+    refusal, a quota), quoted. Raised by the wait, so it stops there and not at its timeout."""
+
+
+def failed_creations(got: dict | None) -> str | None:
+    """What a controller's FailedCreate Warning events (`kubectl get events -o json`) say, each
+    message once ('; '-joined), in the controller's words: 'create Pod vllm-0 in StatefulSet
+    vllm failed error: pods "vllm-0" is forbidden: ...'; None when there are none."""
+    said = []
+    for e in (got or {}).get("items") or []:
+        message = (e.get("message") or "").strip()
+        if e.get("type") == "Warning" and e.get("reason") == "FailedCreate" and message \
+                and message not in said:
+            said.append(message)
+    return "; ".join(said) or None
+
+
 def node_of(pod: dict | None) -> str | None:
     return ((pod or {}).get("spec") or {}).get("nodeName")
 

@@ -62,6 +62,7 @@ from lib.places.manifests.ranks import (  # noqa: F401
     modules_configmap, rank_objects)
 from lib.places.manifests.serve import (  # noqa: F401
     DP_RPC_PORT, MODEL_CACHE_PATH, POD_NAME_LABEL, READINESS_PERIOD_S, SERVE_STAGE,
-    EngineCommands, ServeRender, engine_commands, entrypoint_script, pinned_model_default,
+    EngineCommands, ServeRender, engine_commands, entrypoint_script, leader_selector,
+    pinned_model_default,
     render_entrypoint, serve_argv, serve_render, statefulset_objects, vllm_objects,
     worker_probe_script)

@@ -11,9 +11,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from lib.core.errors import ParameterError
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
-                                         HTTP_PORT, _abs_path, _check_kube_expansion,
-                                         _env_list, _image, _name, _namespace, _resources,
+                                         HTTP_PORT, _abs_path, _affinity_beside,
+                                         _check_kube_expansion, _env_list, _image, _name, _namespace, _resources,
                                          _tolerations, labels, leader_url)
+from lib.places.manifests.serve import MODEL_CACHE_PATH
 from lib.places.stream import NAME_RULE as ARTIFACT_NAME_RULE
 from lib.places.stream import pack_command
 
@@ -42,6 +43,25 @@ def aiperf_script(argv: Sequence[str], artifact_dir: str, block: str) -> str:
             'exit "${rc}"\n')
 
 
+def _leader_cache(model_cache_dir: str | None, beside: Mapping[str, str] | None
+                  ) -> dict[str, Any]:
+    """The env, mounts, volumes and placement that put the Job beside the leader with its node's
+    model cache (read-only, HF_HOME there); nothing without a model_cache_dir."""
+    if model_cache_dir is None:
+        return {"env": {}, "mounts": [], "volumes": [], "placement": {}}
+    model_cache_dir = _abs_path("model_cache_dir", model_cache_dir)
+    if not beside:
+        raise ParameterError("beside", beside, "the leader pod's labels "
+                             "(serve.leader_selector): the cache is the leader node's")
+    return {"env": {"HF_HOME": MODEL_CACHE_PATH},
+            "mounts": [{"name": "model-cache", "mountPath": MODEL_CACHE_PATH, "readOnly": True}],
+            # the directory must be there: the engine made it (DirectoryOrCreate would hide a
+            # wrong path behind an empty cache)
+            "volumes": [{"name": "model-cache", "hostPath": {"path": model_cache_dir,
+                                                             "type": "Directory"}}],
+            "placement": {"affinity": _affinity_beside(beside)}}
+
+
 def aiperf_job(*, run_id: str, image: str,
                argv: Sequence[str] | Callable[[str], Sequence[str]],
                artifact_dir: str = f"{ARTIFACT_ROOT}/aiperf", block: str = "aiperf",
@@ -49,14 +69,21 @@ def aiperf_job(*, run_id: str, image: str,
                namespace: str = DEFAULT_NAMESPACE, serve_name: str = DEFAULT_SERVE_NAME,
                port: int = HTTP_PORT, timeout_s: float = 3600.0,
                ttl_s: int = AIPERF_TTL_S, env: Mapping[str, str] | None = None,
-               tolerations: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+               tolerations: Sequence[Mapping[str, Any]] | None = None,
+               beside: Mapping[str, str] | None = None,
+               model_cache_dir: str | None = None) -> dict[str, Any]:
     """A Job (backoffLimit 0, restartPolicy Never, ttlSecondsAfterFinished) running AIPerf
     against the leader's Service URL (`leader_url`), then printing `artifact_dir` into its log
     as the block `block` (lib.places.stream), to be read back with `kubectl logs` and
     stream.unpack: a finished Job's pod cannot be copied from.
 
     `argv` is AIPerf's argv, or a callable given the URL that returns it; either way it must
-    name that URL and write under `artifact_dir` (inside ARTIFACT_ROOT, an emptyDir)."""
+    name that URL and write under `artifact_dir` (inside ARTIFACT_ROOT, an emptyDir).
+
+    `model_cache_dir` (with `beside`, the leader pod's labels: serve.leader_selector): the Job
+    runs on the leader's node (required pod affinity on the hostname) with that node's model
+    cache mounted read-only at MODEL_CACHE_PATH and HF_HOME there, so AIPerf loads a hub model's
+    tokenizer from the files the engine downloaded (the cluster cannot reach the hub)."""
     name, namespace = _name("name", name), _namespace(namespace)
     image, pull = _image(image)
     url = leader_url(serve_name, namespace, port)
@@ -72,6 +99,8 @@ def aiperf_job(*, run_id: str, image: str,
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 0:
         raise ParameterError("ttl_s", ttl_s, "an integer number of seconds >= 0")
     own = {str(k): str(v) for k, v in dict(env or {}).items()}
+    cache = _leader_cache(model_cache_dir, beside)
+    own.update(cache["env"])
     script = aiperf_script(argv, artifact_dir, block)
     _check_kube_expansion(name, [script, *own.values()], own)
     cpu, memory = AIPERF_CPU_MEMORY
@@ -84,7 +113,7 @@ def aiperf_job(*, run_id: str, image: str,
         "env": _env_list(own),
         "resources": _resources(cpu=cpu, memory=memory),
         "securityContext": {"allowPrivilegeEscalation": False},
-        "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACT_ROOT}],
+        "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACT_ROOT}, *cache["mounts"]],
     }
     return {
         "apiVersion": "batch/v1", "kind": "Job",
@@ -100,8 +129,9 @@ def aiperf_job(*, run_id: str, image: str,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "tolerations": _tolerations(tolerations),
+                    **cache["placement"],
                     "containers": [container],
-                    "volumes": [{"name": "artifacts", "emptyDir": {}}],
+                    "volumes": [{"name": "artifacts", "emptyDir": {}}, *cache["volumes"]],
                 },
             },
         },

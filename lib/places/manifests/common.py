@@ -250,6 +250,12 @@ def _anti_affinity(selector: Mapping[str, str]) -> dict[str, Any]:
         {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": HOSTNAME_LABEL}]}}
 
 
+def _affinity_beside(selector: Mapping[str, str]) -> dict[str, Any]:
+    """On the node of the pod that `selector` selects (required, on the hostname)."""
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": HOSTNAME_LABEL}]}}
+
+
 def _tolerations(tolerations: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     return [dict(t) for t in (DEFAULT_TOLERATIONS if tolerations is None else tolerations)]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lib.places.manifests.common import (GROUP_LABEL, ROLE_LABEL, RUN_LABEL, _pod_annotations,
+from lib.places.manifests.common import (GROUP_LABEL, RUN_LABEL, _pod_annotations,
                                          labels, rendezvous_host, run_label_value)
 from lib.places.manifests.serve import (LWS_LEADER_VAR, ServeRender, _http_service,
-                                        _serve_container, _serve_pod_spec, render_entrypoint,
-                                        serve_render)
+                                        _serve_container, _serve_pod_spec, leader_selector,
+                                        render_entrypoint, serve_render)
 
 # LeaderWorkerSet: the convention of vLLM's docs and llm-d (ANCHORS 6). Facts of its API used
 # here (kubernetes-sigs/lws): leaderworkerset.x-k8s.io/v1; the leader pod of group 0 is
@@ -84,5 +84,5 @@ def lws_objects(r: ServeRender) -> list[dict]:
             },
         },
     }
-    http = _http_service(r, {**base, ROLE_LABEL: "leader"})
+    http = _http_service(r, leader_selector(r.run_id, r.name, lws=True))
     return [http, lws]

@@ -52,7 +52,7 @@ def reference_book(tmp_path_factory):
 CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
                  "test_manifests.py", "test_slurm_place.py", "test_slurm_engines.py",
                  "test_slurmlocal.py", "test_train_cluster.py", "test_kube_faults.py",
-                 "test_slurm_faults.py", "test_kube_ab_two_nodes.py")
+                 "test_slurm_faults.py", "test_kube_ab_two_nodes.py", "test_kube_transport_ab.py")
 # Of those, the ones on the host's Slurm (marked `slurm`; test_train_cluster.py also starts a
 # control plane of its own, on free ports): `make test` runs them beside the kube ones, each
 # group one worker, the two daemons sharing no port, file or lock (tests/slurmlocal.py and

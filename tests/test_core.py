@@ -215,6 +215,35 @@ def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp
         open_replay("06_multicomm", {**now, "concurrency": [9]}, run, params.PARAMS)
 
 
+def test_a_parameter_added_to_a_stage_since_its_run_replays_as_the_stage_then_ran(tmp_path):
+    """ab_repeats came to 03 (its transport A/B) after runs whose request gave it for 06:
+    papermill injected it into their 03 notebook too, where 03 took no such parameter. Their
+    replay takes what 03 then did (the default), not the injected value; a replay asked for
+    another value than the run's own notebook was given is still a mismatch."""
+    import json as _json
+
+    from lib.core.stage import open_replay
+    from lib.stages.opening import injected_parameters
+
+    recorded = Path(__file__).resolve().parents[1] / "results" / "kube-ctlplane-20261206"
+    assert injected_parameters(recorded, "03_kernel_test")["ab_repeats"] == 2  # the real cell
+    assert injected_parameters(tmp_path, "03_kernel_test") == {}  # no notebook: nothing
+    run = tmp_path / "r"
+    (run / "03_kernel_test").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    now = params.resolve("03_kernel_test", {"context": "kube", "ab_repeats": "2"})
+    old = {k: v for k, v in now.items() if k not in ("ab_repeats", "transport_ab")}
+    (run / "03_kernel_test" / "params.json").write_text(_json.dumps(old))
+    evidence.seal(run)
+    stage = open_replay("03_kernel_test", now, run, params.PARAMS,
+                        injected={"context": "kube", "ab_repeats": 2})
+    assert stage["ab_repeats"] == 5 and stage["transport_ab"] is False  # kube's defaults
+    with pytest.raises(Exception, match="ab_repeats"):  # not what the run's notebook was given
+        open_replay("03_kernel_test", now, run, params.PARAMS, injected={"ab_repeats": 3})
+    with pytest.raises(Exception, match="ab_repeats"):  # nothing injected: as before
+        open_replay("03_kernel_test", now, run, params.PARAMS)
+
+
 def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path):
     """warmup_full_batch (default true) did not exist when earlier runs were recorded: they
     warmed up with warmup_requests as given, and their replay must do the same."""

@@ -30,7 +30,8 @@ PLACED = {
 # Thin modules kept for recorded runs (lib/ALIASES.md): they may import what they stand for.
 ALIASES = {"lib.stage": "lib.stages.opening", "lib.models": "lib.engines.models"}
 CONTEXT_NAMES = {"local", "plan", "kube", "slurm"}
-NOT_STAGES = {"registry.py", "opening.py", "ab.py", "__init__.py", "refusal.py", "profile.py"}
+NOT_STAGES = {"registry.py", "opening.py", "ab.py", "__init__.py", "refusal.py", "profile.py",
+              "transport_ab.py"}
 
 
 def module_name(path: Path) -> str:

@@ -217,6 +217,8 @@ COMPANIONS = {
     "train_experts": {"context": "kube", "nodes": 1, "ranks": 1, "train_topk": 1},
     "train_topk": {"train_experts": 64},
     "train_heads": {"train_hidden": 8192},
+    # 03's transport A/B: a cluster place and a pin set at GIN type 5's floor
+    "transport_ab": {"context": "kube", "pin_set": "newest-2026-12"},
 }
 
 

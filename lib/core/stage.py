@@ -41,7 +41,8 @@ from lib.core import evidence
 from lib.core.params import NO_LEGACY, Param
 from lib.core.door import (REPO_ROOT, Door, attempt_of, in_attempt, read_transcript,
                            record_retired)
-from lib.core.errors import EvidenceError, PlaceError, ReplayMismatch, StageRefused
+from lib.core.errors import (EvidenceError, ParameterError, PlaceError, ReplayMismatch,
+                             StageRefused)
 from lib.core.evidence import Gate, gate
 
 REPLAY_ENV = "REPRO_REPLAY"
@@ -242,8 +243,26 @@ def open_record(name: str, resolved: dict[str, Any],
     return stage
 
 
+NOT_GIVEN = object()
+
+
+def _given_by_the_run(param: Param, value: Any, injected: Any) -> bool:
+    """Whether `value` is what the recorded notebook's own injected cell gave the parameter."""
+    if injected is NOT_GIVEN:
+        return False
+    try:
+        return json.loads(json.dumps(param.rule(injected))) == json.loads(json.dumps(value))
+    except (ParameterError, TypeError, ValueError):
+        return False
+
+
 def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
-                table: dict[str, Param], *, plan: bool = False) -> Stage:
+                table: dict[str, Param], *, plan: bool = False,
+                injected: dict[str, Any] | None = None) -> Stage:
+    """The stage `name` answering from its recorded run. `injected`: what the run's own
+    notebook of the stage was given (papermill injects a run's every parameter into every
+    notebook): a parameter the stage took no such name for when it was recorded, given there,
+    is replayed at what the stage then did (its legacy value, else its default), not refused."""
     if not (recorded / "run.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: no run.json there, not a recorded run")
     # Before anything is read from it: a replay that passed on changed evidence would vouch for
@@ -272,6 +291,12 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
         if key == "results_dir":
             continue
         legacy = table[key].legacy
+        if key not in recorded_params and key != "engine" and _given_by_the_run(
+                table[key], value, (injected or {}).get(key, NOT_GIVEN)):
+            # The run's request named it for other stages; this one had no such parameter then
+            added_since[key] = legacy if legacy is not NO_LEGACY else table[key].default(
+                resolved["context"], resolved.get("engine") or "")
+            continue
         if key not in recorded_params and legacy is not NO_LEGACY:
             # Added after this run was recorded, with a default that changed what runs do:
             # the run did what the parameter's legacy value names.

@@ -243,14 +243,18 @@ def floor_problems(name: str, pins: Mapping[str, Mapping]) -> list[str]:
 
 
 def check_pin_set(name: str, pin_set: str, pins: Mapping[str, Mapping],
-                  reaching: Sequence[str] = ()) -> None:
+                  reaching: Sequence[str] = (), param: str = "transport") -> None:
     """Refuse contract ``name`` on pin set ``pin_set`` (its pins ``pins``) below its floor,
-    naming the sets that reach it (``reaching``)."""
+    naming the sets that reach it (``reaching``) and the parameter that asked (``param``)."""
     problems = floor_problems(name, pins)
     if problems:
         sets = (f" ({', '.join(f'-p pin_set {s}' for s in reaching)})" if reaching
                 else " (no pin set reaches it today)")
-        raise ParameterError("transport", name,
+        if param != "transport":  # an A/B with a GIN type 5 arm
+            raise ParameterError(param, True, f"false, or a pin_set whose NCCL is >= 2.31 and "
+                                 f"EFA installer >= 1.50{sets}: the A/B's GIN type 5 arm needs "
+                                 f"what pin set {pin_set!r} lacks: {'; '.join(problems)}")
+        raise ParameterError(param, name,
                              f"a transport pin set {pin_set!r} can carry: {'; '.join(problems)}; "
                              f"choose -p transport efa (GIN type 2) or a pin_set whose NCCL is "
                              f">= 2.31 and EFA installer >= 1.50{sets}")

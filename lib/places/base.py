@@ -104,6 +104,10 @@ class RankJob:
     nodes: int = 1
     cwd: Path | None = None
     modules: tuple[str, ...] = ()
+    # the contract its processes run over: its own (an A/B arm's, lib.stages.transport_ab) or,
+    # None, the place's; `env` already carries its variables, a place renders the rest (EFA
+    # devices, the kube pods' env)
+    transport: str | None = None
 
 
 @dataclass

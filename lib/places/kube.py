@@ -268,7 +268,8 @@ class KubePlace(KubeAiperf, Place):
         name = object_name(job.name)
         objects = manifests.rank_objects(**self._where(), name=name, image=self._image(),
                                          nodes=job.nodes, argv=job.argv, env=job.env,
-                                         transport=self.transport, timeout_s=job.timeout_s,
+                                         transport=job.transport or self.transport,
+                                         timeout_s=job.timeout_s,
                                          modules=guide_files(job.modules))
         self.apply(objects, name)
         pods = [f"{name}-{rank}" for rank in range(job.nodes)]

@@ -23,10 +23,12 @@ from lib.bench import result as bench_result
 from lib.core.errors import ParameterError
 from lib.core.evidence import Gate, read_json, skip
 from lib.core.stage import Stage
-from lib.engines import deepep, transport
+from lib.engines import deepep
+from lib.engines import transport as transport_mod
 from lib.measure import bounds, testep, triage
 from lib.measure.testep import first_case, parse_test_ep_text
 from lib.places import NodeRank, RankJob, Unsupported
+from lib.stages import transport_ab
 from lib.stages.refusal import refusals_fail, shows_refusal
 
 CPU_HIDDEN = 256  # a smaller hidden on CPU keeps the stage in seconds; GPUs use test_ep's 7168
@@ -128,6 +130,8 @@ def run(stage: Stage) -> dict:
     data = {"result": result, "config": cfg}
     if place.deepep_dir():  # on a GPU machine without a DeepEP build: the torch benchmark only
         data["test_ep"] = run_test_ep_beside_bench(stage, cfg, result)
+        if stage["transport_ab"]:
+            data["transport_ab"] = stage.read_json("transport_ab.json")
         data["bounds"] = transfer_bounds(stage, cfg)
     return data
 
@@ -170,15 +174,18 @@ def beside_bounds(rows: list[dict], bounds_at: dict | None) -> list[dict]:
             for row in rows]
 
 
-def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, list[dict]]:
-    """DeepEP's own tests/elastic/test_ep.py at `num_tokens`, correctness on, over the place's
-    transport (lib.engines.transport: EFA on a cluster, where the published contract gates the
-    p50; NVLink with GIN off on one machine). On one machine test_ep spawns a rank per GPU
+def run_test_ep(stage: Stage, cfg: dict, num_tokens: int, transport: str | None = None,
+                tag: str = "") -> tuple[dict | None, list[dict]]:
+    """DeepEP's own tests/elastic/test_ep.py at `num_tokens`, correctness on, over `transport`
+    or the place's (lib.engines.transport: EFA on a cluster, where the published contract gates
+    the p50; NVLink with GIN off on one machine). On one machine test_ep spawns a rank per GPU
     itself (the form the committed 2x H200 runs ran); across nodes torchrun starts one process
-    per GPU, each calling test_ep's per-rank entry (lib.engines.deepep.LAUNCHERS: why)."""
+    per GPU, each calling test_ep's per-rank entry (lib.engines.deepep.LAUNCHERS: why). `tag`
+    names one run of several at the same token count (an A/B arm's repeat)."""
     place = places.for_stage(stage)
     tests_dir = Path(place.deepep_dir()) / "tests" / "elastic"
     launcher = "spawn" if place.one_machine else "torchrun"
+    transport_name = transport or place.transport
 
     def argv(node: NodeRank) -> list[str]:
         return deepep.test_ep_argv(python=place.python, tests_dir=tests_dir,
@@ -188,23 +195,25 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
                                    nodes=node.nodes, node_rank=node.rank,
                                    master_addr=node.master_addr, rdzv_port=node.port)
 
-    job = RankJob(f"test_ep at {num_tokens} tokens", argv=argv,
+    job = RankJob(f"test_ep at {num_tokens} tokens" + (f", {tag}" if tag else ""), argv=argv,
                   env=lambda node: deepep.test_ep_env(
                       nodes=node.nodes, node_rank=node.rank, master_addr=node.master_addr,
-                      rdzv_port=node.port, transport=place.transport,
+                      rdzv_port=node.port, transport=transport_name,
                       nccl_site=place.nccl_site(),
                       deepep_dir=place.deepep_dir() if place.nccl_site() else None,
                       inherited_pythonpath=os.environ.get("PYTHONPATH"), launcher=launcher),
                   timeout_s=TEST_EP_TIMEOUT_S, nodes=stage["nodes"],
-                  modules=deepep.TEST_EP_MODULES if launcher == "torchrun" else ())
+                  modules=deepep.TEST_EP_MODULES if launcher == "torchrun" else (),
+                  transport=transport)
     runs = place.run_ranks(job)
     streams = [s for run in runs for s in run.streams]
     text = "\n".join(run.stdout + "\n" + run.stderr for run in runs)
     rc = runs[0].rc if len(runs) == 1 else {f"node {r.rank}": r.rc for r in runs}
     gates = testep.gates_from_test_ep(
         text, None if len(runs) == 1 and runs[0].timed_out else rc,
-        num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=place.transport,
-        dc_p50_max_us=testep.CONTRACT_DC_P50_US if transport.over_efa(place.transport) else None)
+        num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=transport_name,
+        dc_p50_max_us=(testep.CONTRACT_DC_P50_US if transport_mod.over_efa(transport_name)
+                       else None))
     if any(r.rc not in (0, None) or r.timed_out for r in runs) and len(runs) > 1:
         gates.append(first_failure(runs, streams))
     try:
@@ -217,14 +226,20 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int) -> tuple[dict | None, 
 def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> list[dict]:
     """Per token count: test_ep, then the torch benchmark and its floor at the same shape (the
     run at cfg's own token count is reused). Gates prefixed 'test_ep <T> tokens: '."""
-    rows = []
+    rows, ab_results = [], []
     shares_files = places.for_stage(stage).shares_files
     for tokens in stage["test_ep_tokens"]:
-        try:
-            case, gates = run_test_ep(stage, cfg, tokens)
-        except Unsupported as why:  # a plan: rendered and checked, not run
-            case, gates = None, [skip("test_ep run", str(why)).as_dict()]
-        stage.add(*[Gate(**{**g, "gate": f"test_ep {tokens} tokens: {g['gate']}"}) for g in gates])
+        if stage["transport_ab"]:  # both EFA contracts, interleaved: each arm's median beside
+            ab = transport_ab.run_ab(stage, cfg, tokens, run_test_ep)
+            ab_results += [ab] if ab else []
+            case = {"dc_p50_us": transport_ab.arm_median(ab, places.for_stage(stage).transport)}
+        else:
+            try:
+                case, gates = run_test_ep(stage, cfg, tokens)
+            except Unsupported as why:  # a plan: rendered and checked, not run
+                case, gates = None, [skip("test_ep run", str(why)).as_dict()]
+            stage.add(*[Gate(**{**g, "gate": f"test_ep {tokens} tokens: {g['gate']}"})
+                        for g in gates])
         if tokens == cfg["num_tokens"] or not shares_files:
             bench = result
         else:
@@ -238,6 +253,8 @@ def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> li
                      "torch D+C p50 (us)": dc.get("p50"),
                      "NCCL floor p50 (us)": ((bench or {}).get("floor_us") or {}).get("p50")})
     stage.write_json("test_ep.json", rows)
+    if stage["transport_ab"]:
+        stage.write_json("transport_ab.json", ab_results)
     return rows
 
 
@@ -257,6 +274,8 @@ def show(stage: Stage, data: dict):
         display(table.round({c: 2 if c == RATIO_COLUMN else 1 for c in table.columns}))
         if data.get("bounds"):
             show_bounds(data["bounds"], table, stage.run_id)
+        if data.get("transport_ab"):
+            show_transport_ab(data["transport_ab"])
         for row in data["test_ep"]:
             if row["test_ep D+C p50 (us)"] is not None:
                 glue_recorded(stage, f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1))
@@ -269,6 +288,18 @@ def show(stage: Stage, data: dict):
         glue_recorded(stage, "kernel_floor_p50_us", round(floor, 1))
         glue_recorded(stage, "kernel_dc_over_floor", round(dc / floor, 2))
     return table.round(2)
+
+
+def show_transport_ab(results: list[dict]) -> None:
+    """The transport A/B: per token count each arm's median D+C p50 and type 5 / type 2."""
+    import pandas as pd
+    from IPython.display import display
+
+    runs = sum(len(r["runs"]) for r in results)
+    print(f"Transport A/B ({runs} test_ep runs, the arms interleaved): D+C p50 over GIN type 2 "
+          "(CPU proxy) and GIN type 5 (GPU-initiated), the median of each arm's repeats, and "
+          "type 5 / type 2 with its paired bootstrap interval:")
+    display(pd.DataFrame(transport_ab.table_rows(results)).round(3))
 
 
 def show_bounds(bounds_at: dict, table, run_id: str) -> None:

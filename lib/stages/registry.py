@@ -209,6 +209,11 @@ _PARAMS = [
                                     "128,512,4096"),
           {"*": [128, 512, 4096]}, "tokens per rank of each test_ep run (and the torch "
                                    "benchmark beside it)"),
+    Param("transport_ab", Flag(), {"*": False},
+          "03 on a cluster: test_ep at each token count over GIN type 2 (efa) and GIN type 5 "
+          "(gin_type5) alike, interleaved over ab_repeats, with the ratio type 5 / type 2 and "
+          "its interval (lib.stages.transport_ab)",
+          together="a cluster place and a pin set that reaches GIN type 5's floor"),
     # 04 serve
     Param("engine", OrEmpty(OneOf(ENGINES), "picks by place"), {"*": ""},
           "serving engine ('' : vLLM on a cluster place; on local, vLLM where it imports and 2+ "
@@ -323,7 +328,7 @@ TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests
            "warmup_full_batch", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",
           "warmup")
-DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens")
+DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens", "transport_ab", "ab_repeats")
 # the stages whose GPU processes run over a transport contract (03's ranks, 04-06's serves, 07's
 # training): `transport` picks it; 00 and 02 run none over one
 TRANSPORT = ("transport",)
@@ -505,7 +510,7 @@ def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
     talk over EFA; GIN type 5 needs a pin set at or above its floor (transport.check_pin_set)."""
     name = p.get("transport")
     if name is None:
-        return
+        return  # a stage without transport (03 has both it and transport_ab)
     if one_machine and name != "intranode_nvlink":
         raise ParameterError("transport", name, "intranode_nvlink on the local context (one "
                                                 "machine's NVLink, GIN off); efa and "
@@ -515,10 +520,22 @@ def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
         raise ParameterError("transport", name, "efa or gin_type5 on a cluster place (its "
                                                 "nodes talk over EFA)")
     if p.get("pin_set"):
-        reaching = [s for s in pins_mod.set_names(_PINS)
-                    if not transport_mod.floor_problems(name, pins_mod.set_pins(_PINS, s))]
-        transport_mod.check_pin_set(name, p["pin_set"], pins_mod.set_pins(_PINS, p["pin_set"]),
-                                    reaching)
+        _check_floor("transport", name, p["pin_set"])
+    if p.get("transport_ab"):  # both EFA contracts: GIN type 5's floor applies whichever is asked
+        if one_machine:
+            raise ParameterError("transport_ab", True, "false on the local context (one "
+                                                      "machine has no EFA to A/B): the A/B of GIN "
+                                                      "type 2 and 5 runs on a cluster place")
+        _check_floor("transport_ab", "gin_type5",
+                     p.get("pin_set") or pins_mod.RECORDED_BEFORE_SETS)
+
+
+def _check_floor(param: str, name: str, pin_set: str) -> None:
+    """Refuse contract `name` on `pin_set` below its floor, naming the sets that reach it."""
+    reaching = [s for s in pins_mod.set_names(_PINS)
+                if not transport_mod.floor_problems(name, pins_mod.set_pins(_PINS, s))]
+    transport_mod.check_pin_set(name, pin_set, pins_mod.set_pins(_PINS, pin_set), reaching,
+                                param=param)
 
 
 def _check_training(p: dict[str, Any], ranks: int | None) -> None:

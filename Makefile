@@ -74,17 +74,18 @@ unit: venv kube-plane slurm chromium
 	  echo "make test: unit phase $$(( $$(date +%s) - start )) s wall (exit $$rc)"; exit $$rc
 	$(MAKE) --no-print-directory cluster-tests
 
-# The kube files and the Slurm files (marked `slurm`, tests/conftest.py) as two pytest
-# processes side by side, one worker each: they share no daemon, port or file; each line is
-# prefixed with its group, each prints its own durations, and the phase fails if either does.
+# The cluster files as two pytest processes side by side, one worker each: the kube files, and
+# the Slurm files with the kube faults (marked `cluster_b`, tests/conftest.py); they share no
+# daemon, port or file (each kube module starts its own control plane on free ports); each line
+# is prefixed with its group, each prints its own durations, and the phase fails if either does.
 CLUSTER_TESTS := $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests -m
 cluster-tests: venv kube-plane slurm
 	@set -o pipefail; start=$$(date +%s); \
-	  { $(CLUSTER_TESTS) "cluster and not slurm" 2>&1 | sed -u 's/^/[kube] /'; } & kube=$$!; \
-	  $(CLUSTER_TESTS) "cluster and slurm" 2>&1 | sed -u 's/^/[slurm] /'; slurm_rc=$$?; \
+	  { $(CLUSTER_TESTS) "cluster and not cluster_b" 2>&1 | sed -u 's/^/[kube] /'; } & kube=$$!; \
+	  $(CLUSTER_TESTS) "cluster and cluster_b" 2>&1 | sed -u 's/^/[slurm+faults] /'; slurm_rc=$$?; \
 	  wait $$kube; kube_rc=$$?; rc=$$(( kube_rc || slurm_rc )); \
 	  echo "make test: cluster phase $$(( $$(date +%s) - start )) s wall" \
-	    "(exit $$rc: kube $$kube_rc, slurm $$slurm_rc)"; exit $$rc
+	    "(exit $$rc: kube $$kube_rc, slurm+faults $$slurm_rc)"; exit $$rc
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # then the replayable notebooks of the further reference runs (results/REPLAYED), each against

@@ -59,6 +59,11 @@ CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
 # tests/kubeplane.py pick free ports and work under their own tmp folders).
 SLURM_CLUSTER_FILES = ("test_slurm_place.py", "test_slurm_engines.py", "test_slurmlocal.py",
                        "test_slurm_faults.py", "test_train_cluster.py")
+# make test's second cluster process (marked `cluster_b`): the Slurm files, and the kube faults,
+# whose module starts a control plane of its own on free ports (tests/kube_env.py), so the two
+# processes end together (measured on a fresh clone: kube 483 s and Slurm 280 s with the faults
+# in the first; the faults ~100 s of it)
+SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES + ("test_kube_faults.py",)
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).
@@ -71,8 +76,10 @@ LONGEST_FIRST = ("test_interrupt.py", "test_vllm_answers.py", "test_vllm_deepep_
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: starts the host's control plane or Slurm; "
                                        "run alone, one worker (make test's second phase)")
-    config.addinivalue_line("markers", "slurm: a cluster test on the host's two-node Slurm "
-                                       "(make test runs them beside the kube cluster tests)")
+    config.addinivalue_line("markers", "slurm: a cluster test on the host's two-node Slurm")
+    config.addinivalue_line("markers", "cluster_b: a cluster test of make test's second "
+                                       "process (the Slurm files and the kube faults), run "
+                                       "beside the first (the other kube files)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,3 +90,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.cluster)
         if item.path.name in SLURM_CLUSTER_FILES:
             item.add_marker(pytest.mark.slurm)
+        if item.path.name in SECOND_PROCESS_FILES:
+            item.add_marker(pytest.mark.cluster_b)

@@ -103,6 +103,31 @@ def test_the_headline_command_runs_the_profile_s_context(profile_path, tmp_path)
     assert "namespace: deepep" in manifest and IMAGE in manifest and "replicas: 2" in manifest
 
 
+def test_papermill_s_own_parameters_file_wins_over_the_profile(profile_path, tmp_path):
+    """`papermill ... -f params.yaml` (papermill's own file of parameters) works beside a
+    profile: what the file gives wins, as an explicit -p does; what it leaves out the profile
+    fills; run.json records which values the profile supplied."""
+    profile.write({"context": "plan", "namespace": "deepep", "image": IMAGE,
+                   "model_cache_dir": "/opt/dlami/nvme/models"})
+    given = tmp_path / "params.yaml"
+    given.write_text(yaml.safe_dump({"nodes": 2, "namespace": "from-file", "run_id": "filed",
+                                     "results_dir": str(tmp_path / "results")}))
+    argv = [sys.executable, "-m", "papermill", str(REPO_ROOT / "notebooks" / "04_serve.ipynb"),
+            str(tmp_path / "out.ipynb"), "--cwd", str(REPO_ROOT / "notebooks"), "--kernel",
+            "python3", "--no-progress-bar", "-f", str(given)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "results" / "filed"
+    record = json.loads((run / "run.json").read_text())
+    assert record["context"] == "plan" and record["parameters"]["nodes"] == 2
+    assert record["parameters"]["namespace"] == "from-file"
+    supplied = record["profile"]["values"]
+    assert supplied["context"] == "plan" and supplied["image"] == IMAGE  # what the file left out
+    assert "namespace" not in supplied  # the file's value, not the profile's
+    manifest = (run / "04_serve" / "manifests" / "vllm.yaml").read_text()
+    assert "namespace: from-file" in manifest and IMAGE in manifest and "replicas: 2" in manifest
+
+
 def test_a_replay_never_reads_the_profile(profile_path, tmp_path, monkeypatch):
     from lib.core.stage import REPLAY_ENV
     from lib.stages.opening import open_stage

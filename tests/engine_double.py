@@ -15,8 +15,9 @@ found: nothing):
 - TensorRT-LLM (`trtllm-serve`, one task per GPU of one srun world): `task<SLURM_PROCID>`, e.g.
   task 0 printing the public reproduction's recorded mpirun output of every rank.
 
-Processes other than rank 0 serve no port: here every node shares one host and one port. It
-runs until stopped.
+Processes other than rank 0 serve no port: here every node shares one host and one port; with
+ENGINE_DOUBLE_LATE_S set they print their log that many seconds late (after rank 0 answers).
+It runs until stopped.
 
 A streamed chat request (`"stream": true`, AIPerf's) is answered as OpenAI's server-sent events:
 one chat.completion.chunk per output token (`max_tokens` / `max_completion_tokens` of them, the
@@ -32,6 +33,10 @@ import os
 import sys
 import time
 from pathlib import Path
+
+
+# seconds a process other than rank 0 waits before it prints its log (a test's late node)
+LATE_ENV = "ENGINE_DOUBLE_LATE_S"
 
 
 def flag(argv: list[str], name: str, default: str = "") -> str:
@@ -77,6 +82,8 @@ def main(argv: list[str]) -> int:
     port = int(flag(real, "--port", "30000"))
     print("engine-double: would run: " + " ".join(real), flush=True)
     log = sorted(logs.glob(f"*-{which}{rank}.log"))
+    if rank:  # a node's output reaching the shared file system late (srun under load)
+        time.sleep(float(os.environ.get(LATE_ENV, "0")))
     if log:
         sys.stdout.write(log[0].read_text())
         sys.stdout.flush()

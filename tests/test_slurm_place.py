@@ -694,3 +694,15 @@ def test_04_serves_sglang_as_a_step_per_node_and_gates_every_node_s_log(tmp_path
         assert [g.gate for g in failed] == ["efa_provider_per_rank"]
         assert "rank(s) 12 of 16" in failed[0].reason
         assert_nothing_left(gres)
+        # node 1's output reaching the run folder 3 s after node 0 answers (as srun forwarded
+        # it once under load): its log is awaited until two looks read it the same, then gated
+        monkeypatch.setattr(SglangEngine, "command",
+                            stood_in(compose.compose_sglang_pods(base / "late")[0].parent))
+        monkeypatch.setenv("ENGINE_DOUBLE_LATE_S", "3")
+        stage = slurm_stage(base / "run-late", "04_serve", {**given,
+                                                            "model_cache_dir": str(cache)})
+        stage04.run(stage)
+        stage.finish()
+        assert {g.gate: g.reason for g in stage.gates if g.status != "PASS"} == {}
+        assert "Selected provider is efa" in (stage.dir / "sglang-node1.log").read_text()
+        assert_nothing_left(gres)

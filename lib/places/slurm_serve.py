@@ -53,7 +53,8 @@ from typing import Any, Iterator
 from lib.core.door import REPO_ROOT, Background, CallResult
 from lib.core.errors import DoorError, NotAllocated, Unsupported
 from lib.core.evidence import Gate, gate
-from lib.engines import catalog, server as served, transformers, vllm_logs, vllm_server
+from lib.engines import (catalog, nccl_logs, server as served, transformers, vllm_logs,
+                         vllm_server)
 from lib.engines.transport import unset_vars
 from lib.engines.base import EngineSpec
 import lib.places.batch as batch  # the module, not the package (no cycle through it)
@@ -64,6 +65,7 @@ from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, firs
 
 CONFIG_TIMEOUT_S = 300.0  # a step that reads the served model's config on node 0
 ANSWER_TIMEOUT_S = 5.0  # is a stopped server's port still answering?
+NODE_LOGS_SETTLE_S = 30.0  # the longest the other nodes' logs are awaited once the leader is ready
 # Arms side by side in one allocation share the GPUs (as on the local place: three at 0.25)
 ARM_GPU_MEMORY_UTILIZATION = vllm_server.GPU_MEMORY_UTILIZATION
 
@@ -349,8 +351,8 @@ class SlurmServing:
             return
         leader = self._settled_log(server, engine, gpus_per_node, started, spec.timeout_s)
         logs = {stage.rel(server.log_path): leader}
-        for path in server.logs[1:]:
-            logs[stage.rel(path)] = self.door.read_text(path) or ""
+        logs.update({stage.rel(path): text for path, text in self._settled_node_logs(
+            server.logs[1:], gpus_per_node).items()})
         server.startup_s = engine.startup_seconds(leader)
         evidence = list(logs)
         server.backend_gates = serve_gates(
@@ -378,6 +380,31 @@ class SlurmServing:
 
         return wait_until(self.door, look, timeout_s, poll_s=served.POLL_INTERVAL_S,
                           started=started)
+
+    def _settled_node_logs(self, paths: list[Path], gpus_per_node: int) -> dict[Path, str]:
+        """The other nodes' logs (node k's at paths[k - 1]) once each holds NCCL's Init COMPLETE
+        of every rank of its node and two looks a poll apart read it the same, or as they are
+        after NODE_LOGS_SETTLE_S: the leader answers once every rank is up, but a step's output
+        reaches the shared file system through srun late under load (node 2's log was read
+        without its ranks once, which then 'never completed NCCL init'); a node whose ranks
+        never come up costs at most that bound before its gates FAIL."""
+        before: dict[Path, str] = {}
+        world = gpus_per_node * (len(paths) + 1)
+
+        def up(node: int, text: str) -> bool:
+            done = {c["rank"] for c in nccl_logs.nccl_comm_lines(text)
+                    if c["nranks"] == world and c["state"] == "COMPLETE"}
+            return set(range(node * gpus_per_node, (node + 1) * gpus_per_node)) <= done
+
+        def look(elapsed) -> tuple[bool, dict[Path, str]]:
+            texts = {path: self.door.read_text(path) or "" for path in paths}
+            settled = all(up(k, text) and before.get(path) == text
+                          for k, (path, text) in enumerate(texts.items(), 1))
+            before.update(texts)
+            return settled, texts
+
+        return wait_until(self.door, look, NODE_LOGS_SETTLE_S,
+                          poll_s=served.POLL_INTERVAL_S) if paths else {}
 
     def _stop_server(self, server: SlurmServer, *, release: bool) -> Gate | None:
         """Every step's srun stopped (door.stop: TERM, then KILL; srun ends its step), the

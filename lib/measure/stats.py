@@ -111,6 +111,25 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.9
     return {**result, "low": low, "high": high, "method": f"{method} ({kind})"}
 
 
+def interleaved(repeats: int, a: Any, b: Any) -> list[tuple[int, Any]]:
+    """(repeat, arm) pairs of an A/B: a then b on odd repeats, b then a on even ones, so drift
+    falls on both arms alike."""
+    order = []
+    for r in range(1, repeats + 1):
+        pair = (a, b) if r % 2 else (b, a)
+        order += [(r, pair[0]), (r, pair[1])]
+    return order
+
+
+def time_ratio_verdict(ratio: dict[str, Any], a: str, b: str) -> str:
+    """What paired_ratio's interval of a time b / a says (lower is faster)."""
+    if ratio["high"] < 1:
+        return f"{b} is faster than {a} here (interval below 1)"
+    if ratio["low"] > 1:
+        return f"{b} is slower than {a} here (interval above 1)"
+    return f"no difference between {a} and {b} resolved here (interval spans 1)"
+
+
 def _resampled_ratios_are_constant(a: np.ndarray, b: np.ndarray, paired: bool) -> bool:
     """True when no resample can change the ratio, so scipy would see a degenerate distribution:
     paired arms with b == k * a exactly (the mean and the median both scale by k), or two

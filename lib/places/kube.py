@@ -46,15 +46,14 @@ from lib.places.cluster import (DEEPEP_IN_IMAGE, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, settings_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
 from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
-from lib.places.kube_pods import (PodsNotCreated, PodStuck, exit_code, failed_creations,
-                                  held_gate, is_finished, is_ready, node_facts, object_name,
-                                  phase_of, pod_record, probe_facts, stage_selector,
-                                  stuck_reason, trouble, unschedulable, where_pod)
+from lib.places.kube_pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
+                                  failed_creations, held_gate, is_finished, is_ready,
+                                  node_facts, object_name, phase_of, pod_record, probe_facts,
+                                  stage_selector, stuck_reason, trouble, unschedulable, where_pod)
 from lib.places.kube_retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
 from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
-POLL_S = 2.0  # between two looks at a pod's status
 # A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
 # absent after this long are looked for in its FailedCreate events (an admission's refusal).
 CREATE_GRACE_S = 10.0
@@ -278,13 +277,12 @@ class KubePlace(KubeAiperf, Place):
                 statuses = self.wait_pods(pods, done=True, timeout_s=job.timeout_s
                                           + self.stage["schedule_timeout_s"])
             except NotScheduled as why:  # PodStuck: scheduled, but its container cannot start
-                stuck = isinstance(why, PodStuck)
-                self.stage.add(gate(
-                    f"{job.name}: pods {'started' if stuck else 'scheduled'}", False, "Pending",
-                    f"every pod {'started' if stuck else 'scheduled'}",
-                    f"{'the kubelet' if stuck else 'the scheduler'}: {why}", []))
-                return [NodeRun(r, None, "", f"{'not started' if stuck else 'not scheduled'}: "
-                                f"{why}", False, []) for r in range(job.nodes)]
+                what, who = (("started", "the kubelet") if isinstance(why, PodStuck)
+                             else ("scheduled", "the scheduler"))
+                self.stage.add(gate(f"{job.name}: pods {what}", False, "Pending",
+                                    f"every pod {what}", f"{who}: {why}", []))
+                return [NodeRun(r, None, "", f"not {what}: {why}", False, [])
+                        for r in range(job.nodes)]
             runs = []
             for rank, pod in enumerate(pods):
                 text = self.pod_log(pod, statuses.get(pod))
@@ -387,6 +385,7 @@ class KubePlace(KubeAiperf, Place):
                             service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
         server.pods = (manifests.lws_pod_names(name, spec.nodes) if lws
                        else [f"{name}-{k}" for k in range(spec.nodes)])
+        server.name = name
         server.tokenizer_revision = spec.model.get("revision") or None  # AIPerf's, in the cache
         add = gate_adder(stage, server, spec.gate_prefix)
         self.apply(objects, name)
@@ -418,7 +417,7 @@ class KubePlace(KubeAiperf, Place):
         started = self.door.now()
         try:
             statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s,
-                                      made_by=None if lws else server.pods[0].rsplit("-", 1)[0])
+                                      made_by=None if lws else server.name)
         except PodsNotCreated as why:
             add(gate("server ready", False, "no pod", "every pod created", str(why), []))
             return

@@ -13,9 +13,8 @@ import lib.places.stream as stream
 from lib.core.door import CallResult
 from lib.core.errors import StreamError
 from lib.places.cluster import AIPERF_ENV, AIPERF_IN_IMAGE, wait_until
-from lib.places.kube_pods import KubeServer, exit_code, is_finished, object_name, unschedulable
-
-POLL_S = 2.0  # between two looks at the Job's pod
+from lib.places.kube_pods import (POLL_S, KubeServer, exit_code, is_finished, object_name,
+                                  unschedulable)
 
 
 class KubeAiperf:
@@ -31,7 +30,7 @@ class KubeAiperf:
         job_name = object_name(name)
         folder = f"{manifests.ARTIFACT_ROOT}/cell"
         argv = argv_for(AIPERF_IN_IMAGE, folder, None)
-        serve_name = server.pods[0].rsplit("-", 1)[0]
+        serve_name = server.name
         lws = self.stage.params.get("kube_workload") == "leaderworkerset"
         cache = self.stage["model_cache_dir"] if server.tokenizer_revision else None
         job = manifests.aiperf_job(

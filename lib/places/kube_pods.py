@@ -17,6 +17,8 @@ from lib.places.base import ClusterServer
 import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 
 
+POLL_S = 2.0  # between two looks at a pod's status (the kube place's waits)
+
 # What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
 # may not be. It prints {"status", "body", "error"} as one JSON line.
 REQUEST_SCRIPT = (
@@ -35,6 +37,7 @@ REQUEST_SCRIPT = (
 class KubeServer(ClusterServer):
     """A serve on the cluster (any engine): `url` is the leader Service's address inside the
     cluster."""
+    name: str = ""  # its objects' name (the StatefulSet's or the LeaderWorkerSet's)
     pods: list[str] = field(default_factory=list)
     service: str = ""
     ready_pods: dict[str, dict] = field(default_factory=dict)  # as they were when Ready

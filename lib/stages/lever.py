@@ -109,11 +109,7 @@ def gin_arm(stage: Stage, place, base: Arm) -> Arm | None:
 
 def arm_order(repeats: int, a: int, b: int) -> list[tuple[int, int]]:
     """(repeat, comms) pairs, interleaved and alternating which arm goes first."""
-    order = []
-    for r in range(1, repeats + 1):
-        pair = (a, b) if r % 2 else (b, a)
-        order += [(r, pair[0]), (r, pair[1])]
-    return order
+    return stats.interleaved(repeats, a, b)
 
 
 def dc_p50(result: dict | None) -> float | None:
@@ -175,11 +171,7 @@ def run(stage: Stage) -> dict:
 
 
 def _verdict(ratio: dict, a: int, b: int) -> str:
-    if ratio["high"] < 1:
-        return f"K={b} is faster than K={a} here (interval below 1)"
-    if ratio["low"] > 1:
-        return f"K={b} is slower than K={a} here (interval above 1)"
-    return f"no difference between K={a} and K={b} resolved here (interval spans 1)"
+    return stats.time_ratio_verdict(ratio, f"K={a}", f"K={b}")
 
 
 @shows_refusal

@@ -31,11 +31,7 @@ COLUMNS = {TYPE2: "GIN type 2 D+C p50 (us)", TYPE5: "GIN type 5 D+C p50 (us)"}
 
 def arm_order(repeats: int) -> list[tuple[int, str]]:
     """(repeat, transport): type 2 first on odd repeats, type 5 first on even ones."""
-    order = []
-    for r in range(1, repeats + 1):
-        pair = ARMS if r % 2 else ARMS[::-1]
-        order += [(r, pair[0]), (r, pair[1])]
-    return order
+    return stats.interleaved(repeats, *ARMS)
 
 
 def run_ab(stage: Stage, cfg: dict, tokens: int,
@@ -84,16 +80,9 @@ def ratio_gate(stage: Stage, tokens: int, runs: list[dict]) -> dict | None:
     stage.add(Gate(name, "PASS", observed=[round(ratio["ratio"], 3), round(ratio["low"], 3),
                                            round(ratio["high"], 3)],
                    expected="ratio, low, high from scipy.stats.bootstrap",
-                   reason=verdict(ratio), evidence=evidence))
+                   reason=stats.time_ratio_verdict(ratio, "type 2", "GIN type 5"),
+                   evidence=evidence))
     return ratio
-
-
-def verdict(ratio: dict) -> str:
-    if ratio["high"] < 1:
-        return "GIN type 5 is faster than type 2 here (interval below 1)"
-    if ratio["low"] > 1:
-        return "GIN type 5 is slower than type 2 here (interval above 1)"
-    return "no difference between GIN type 5 and type 2 resolved here (interval spans 1)"
 
 
 def arm_median(result: dict | None, transport: str) -> float | None:

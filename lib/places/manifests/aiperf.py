@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 from lib.core.errors import ParameterError
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
                                          HTTP_PORT, _abs_path, _affinity_beside,
-                                         _check_kube_expansion, _env_list, _image, _name, _namespace, _resources,
-                                         _tolerations, labels, leader_url)
+                                         _check_kube_expansion, _env_list, _image, _name,
+                                         _namespace, _resources, _tolerations, labels,
+                                         leader_url)
 from lib.places.manifests.serve import MODEL_CACHE_PATH
 from lib.places.stream import NAME_RULE as ARTIFACT_NAME_RULE
 from lib.places.stream import pack_command

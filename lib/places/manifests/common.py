@@ -244,16 +244,20 @@ def _check_kube_expansion(where: str, texts: Iterable[str], env_names: Iterable[
                              "would rewrite before the shell runs it")
 
 
+def _by_hostname(kind: str, selector: Mapping[str, str]) -> dict[str, Any]:
+    """A required pod (anti-)affinity `kind` to the pods `selector` selects, on the hostname."""
+    return {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": HOSTNAME_LABEL}]}}
+
+
 def _anti_affinity(selector: Mapping[str, str]) -> dict[str, Any]:
     """One pod of the group per node (required, on the hostname)."""
-    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": HOSTNAME_LABEL}]}}
+    return _by_hostname("podAntiAffinity", selector)
 
 
 def _affinity_beside(selector: Mapping[str, str]) -> dict[str, Any]:
     """On the node of the pod that `selector` selects (required, on the hostname)."""
-    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": HOSTNAME_LABEL}]}}
+    return _by_hostname("podAffinity", selector)
 
 
 def _tolerations(tolerations: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:

@@ -33,7 +33,8 @@ from lib.engines.base import EngineSpec, process_regex
 from lib.places.instances import DEFAULT_INSTANCE_TYPE
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
                                          HTTP_PORT, HTTP_SERVICE_SUFFIX, HUGEPAGES_2MI,
-                                         LABEL_VALUE_MAX, ROLE_LABEL, RUN_LABEL, SHM_PATH, _abs_path,
+                                         LABEL_VALUE_MAX, ROLE_LABEL, RUN_LABEL, SHM_PATH,
+                                         _abs_path,
                                          _check_kube_expansion, _count, _cpu_memory, _env_list,
                                          _gpu_pod_spec, _headless_service, _image, _instance,
                                          _name, _namespace, _no_token_values, _pod_annotations,
@@ -45,14 +46,6 @@ from lib.roots import pins as pins_mod
 SERVE_STAGE = "04_serve"  # the stage that renders it (lib.stages.registry's name)
 # Set by the StatefulSet controller on each pod it makes: `<statefulset>-<ordinal>`.
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
-
-
-def leader_selector(run_id: str, name: str, lws: bool = False) -> dict[str, str]:
-    """The labels that select serve `name`'s leader pod alone (pod 0 of the StatefulSet, or the
-    LeaderWorkerSet's leader): its HTTP Service's selector, and where AIPerf's Job sits (beside
-    it, on the node whose model cache holds the tokenizer)."""
-    base = {RUN_LABEL: run_label_value(run_id), GROUP_LABEL: name}
-    return {**base, ROLE_LABEL: "leader"} if lws else {**base, POD_NAME_LABEL: f"{name}-0"}
 # The LeaderWorkerSet entrypoint's shell variable holding LWS_LEADER_ADDRESS (checked once).
 LWS_LEADER_VAR = "leader"
 # vLLM's --data-parallel-rpc-port: R's README says 29570 (its script 29500: ANCHORS 4, drift);
@@ -166,6 +159,14 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
         f"engine {engine} gave the roles different environments"
     return EngineCommands(argvs=MappingProxyType(argvs), env=MappingProxyType(envs[0]),
                           process_regex=process_regex(serving.process_words(spec)))
+
+
+def leader_selector(run_id: str, name: str, lws: bool = False) -> dict[str, str]:
+    """The labels that select serve `name`'s leader pod alone (pod 0 of the StatefulSet, or the
+    LeaderWorkerSet's leader): its HTTP Service's selector, and where AIPerf's Job sits (beside
+    it, on the node whose model cache holds the tokenizer)."""
+    base = {RUN_LABEL: run_label_value(run_id), GROUP_LABEL: name}
+    return {**base, ROLE_LABEL: "leader"} if lws else {**base, POD_NAME_LABEL: f"{name}-0"}
 
 
 def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 2,

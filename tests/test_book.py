@@ -14,7 +14,7 @@ import pytest
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
 from lib.measure import published
-from lib.publish import book, coverage, pages, scan
+from lib.publish import appendix, book, coverage, pages, scan
 from lib.publish.catalog import catalog
 
 RESULTS = REPO_ROOT / "results"
@@ -264,15 +264,15 @@ def test_prose_citing_a_run_not_in_the_results_keeps_the_citation_as_text():
 def test_the_pin_sets_page_shows_every_set_and_the_one_gpu_diagnostic_from_its_evidence(tmp_path):
     from lib.roots import pins
 
-    page = pages.pin_sets_table(RESULTS)
+    page = appendix.pin_sets_table(RESULTS)
     for row in pins.set_overview():
         assert f"| {row['set']} | {row['level']} |" in page
-    compare = json.loads((RESULTS / "diagnostics" / pages.CURRENT_SET_DIAGNOSTIC
+    compare = json.loads((RESULTS / "diagnostics" / appendix.CURRENT_SET_DIAGNOSTIC
                           / "compare.json").read_text())
     for arm, pair in compare["0.26.0 against 0.24.0"].items():
         assert f"| {arm} | {pair['tokens_same']} of {pair['positions']} |" in page
     # without the diagnostic's evidence: not measured, saying where it would be
-    assert "not measured: `results/diagnostics/" in pages.pin_sets_table(tmp_path)
+    assert "not measured: `results/diagnostics/" in appendix.pin_sets_table(tmp_path)
 
 
 def test_an_interrupted_stage_is_said_so_in_the_appendix(tmp_path):
@@ -287,9 +287,9 @@ def test_an_interrupted_stage_is_said_so_in_the_appendix(tmp_path):
     (mine,) = catalog(results)
     assert mine.stages["06_multicomm"] == "interrupted"
     assert mine.verdict == "incomplete: 06 interrupted"
-    history = pages.history_page([mine])
+    history = appendix.history_page([mine])
     assert "incomplete: 06 interrupted (make run RUN=<id> resumes it)" in history
-    summary = pages.run_page(mine, REFERENCE)
+    summary = appendix.run_page(mine, REFERENCE)
     assert "| 06_multicomm | 0 | 0 | 0 | interrupted |" in summary
 
 

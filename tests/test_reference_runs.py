@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from lib.core import evidence
-from lib.publish import catalog, pages, report
+from lib.publish import appendix, catalog, pages, report
 from lib.core.door import REPO_ROOT
 from lib.stages.registry import STAGES
 
@@ -82,7 +82,7 @@ def test_a_kube_run_says_what_was_real_and_serves_sixteen_ranks(run_id):
     assert served["efa_provider_per_rank"]["status"] == "PASS"
     title = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}[engine]
     assert RUNS[run_id].serving == f"{title}, deepep_v2"
-    assert "nodes simulated" in pages.run_page(RUNS[run_id], REFERENCE)
+    assert "nodes simulated" in appendix.run_page(RUNS[run_id], REFERENCE)
 
 
 @pytest.mark.parametrize("run_id", SLURM_RUNS)
@@ -144,7 +144,7 @@ def test_committed_notebooks_declare_every_parameter_of_their_stage():
 def test_the_book_shows_a_vllm_run_from_its_evidence(run_id):
     import pandas as pd
 
-    section = pages.run_page(RUNS[run_id], REFERENCE)
+    section = appendix.run_page(RUNS[run_id], REFERENCE)
     assert "## vLLM serve (04)" in section
     served = evidence.read_json(RESULTS / run_id / "04_serve" / "vllm_serve.json")
     assert f"ready after {served['ready_s']} s" in section
@@ -224,7 +224,7 @@ def test_the_book_says_a_failed_arm_plainly():
     recorded = [g for g in evidence.read_gates(RESULTS / run_id / "06_multicomm")
                 if g["status"] == "FAIL"]
     assert len(recorded) == 48 and any("\x1b[" in g["reason"] for g in recorded)
-    section = pages.run_page(RUNS[run_id], REFERENCE)
+    section = appendix.run_page(RUNS[run_id], REFERENCE)
     failed = section.split("## Gates that did not pass", 1)[1].split("SKIP:", 1)[0]
     rows = [line for line in failed.splitlines() if line.startswith("| 06_multicomm")]
     assert len(rows) == 8  # 5 checks x 9 cells, grouped, and the 3 ratios

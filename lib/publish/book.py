@@ -20,7 +20,7 @@ import nbformat
 from lib.core import evidence
 from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
 from lib.core.door import REPO_ROOT
-from lib.publish import cited, coverage, pages, scan
+from lib.publish import appendix, cited, coverage, pages, scan
 from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
@@ -56,13 +56,13 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     write("bounds.md", pages.bounds_page(ev))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
     write("coverage.md", coverage.coverage_page(runs, list(cited.CLAIMS)))
-    write("history.md", pages.history_page(runs))
+    write("history.md", appendix.history_page(runs))
     write("parameters.md", pages.parameters_page())
     write("pin_sets.md", (book / "pin_sets.md").read_text(encoding="utf-8")
-          + pages.pin_sets_table(results))
+          + appendix.pin_sets_table(results))
     (book / "runs").mkdir()
     for run in runs:
-        write(f"runs/{run.run_id}.md", pages.run_page(run, published.run_id))
+        write(f"runs/{run.run_id}.md", appendix.run_page(run, published.run_id))
     run_ids = {run.run_id for run in runs}
     for page in book.rglob("*.md"):
         page.write_text(unlink_absent_runs(page.read_text(encoding="utf-8"), run_ids),
@@ -70,7 +70,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
     for stage in STAGES:
         prose = book / "stages" / f"{stage}.md"
         prose.write_text(prose.read_text(encoding="utf-8")
-                         + pages.stage_gates_section(published, stage), encoding="utf-8")
+                         + appendix.stage_gates_section(published, stage), encoding="utf-8")
         executed = run_dir / "notebooks" / f"{stage}.ipynb"
         incomplete = ("**Incomplete run** (interrupted before it was sealed): its files cannot "
                       "be told from files changed since. " if published.seal == "unsealed" else "")

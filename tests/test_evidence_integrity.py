@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -380,3 +381,27 @@ def test_the_known_broken_log_only_grew_after_its_seal():
     else:
         pytest.fail(f"{rel}: no prefix of its lines has the sealed digest")
     assert lines == 729
+
+
+# ---- the book's digest cache: a rebuild hashes only what changed ------------------------------
+def test_the_digest_cache_hashes_each_file_once_and_again_after_a_change(run, tmp_path):
+    cache_file = tmp_path / "digests.json"
+    first = evidence.DigestCache(cache_file)
+    assert evidence.seal_state(run, first) == "sealed"
+    assert first.hashed == len(listed_files(run)) > 0
+    first.save()
+    again = evidence.DigestCache(cache_file)
+    assert evidence.seal_state(run, again) == "sealed" and again.hashed == 0
+    changed = run / first_listed(run, STAGE, ".json")
+    change_one_byte(changed)
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 1000))
+    after = evidence.DigestCache(cache_file)
+    assert evidence.seal_state(run, after) == "tampered" and after.hashed == 1
+    assert evidence.verify(run, after) == [f"{first_listed(run, STAGE, '.json')}: changed"]
+
+
+def test_an_unreadable_digest_cache_is_rebuilt_not_trusted(run, tmp_path):
+    cache_file = tmp_path / "digests.json"
+    cache_file.write_text("{not json")
+    cache = evidence.DigestCache(cache_file)
+    assert evidence.seal_state(run, cache) == "sealed" and cache.hashed > 0

@@ -266,6 +266,42 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+class DigestCache:
+    """sha256 digests remembered by what the file system says of each file (size, modification
+    time in ns, inode), kept in one JSON file between book builds: the book verifies every run it
+    lists, and hashing 160 MB of evidence each build cost more than reading the runs' summaries.
+    A file whose size, time or inode changed is hashed again, so an edit after sealing is still
+    found (an edit that keeps size and nanosecond mtime is not: the seal check on the run's own
+    page says SHA256SUMS verified by this stat, and `sha256sum -c` or the runner's resume check
+    hash the bytes)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path else None
+        self.entries: dict[str, list] = {}
+        if self.path and self.path.is_file():
+            try:
+                self.entries = json.loads(self.path.read_text(encoding="utf-8"))
+            except (ValueError, OSError):
+                self.entries = {}  # a cache that cannot be read is rebuilt, never trusted
+        self.hashed = 0
+
+    def digest(self, path: Path) -> str:
+        found = os.stat(path)
+        key, seen = str(Path(path).absolute()), [found.st_size, found.st_mtime_ns, found.st_ino]
+        entry = self.entries.get(key)
+        if entry and entry[:3] == seen:
+            return entry[3]
+        self.hashed += 1
+        digest = file_digest(path)
+        self.entries[key] = seen + [digest]
+        return digest
+
+    def save(self) -> None:
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.entries), encoding="utf-8")
+
+
 def _under_seal(rel: str) -> bool:
     """Whether the seal covers the file at `rel` (a path relative to the run directory)."""
     return rel != SUMS_NAME and not rel.rsplit("/", 1)[-1].startswith(".")
@@ -317,7 +353,7 @@ class SealProblem:
         return str(self)
 
 
-def seal_problems(run_dir: Path) -> list[SealProblem] | None:
+def seal_problems(run_dir: Path, digests: DigestCache | None = None) -> list[SealProblem] | None:
     """Every file of the run that does not match its SHA256SUMS; None when the run is unsealed.
 
     Checks, in this order: each SHA256SUMS line is `<sha256>  <path inside the run>`, listed
@@ -349,7 +385,7 @@ def seal_problems(run_dir: Path) -> list[SealProblem] | None:
         if not target.is_file():
             problems.append(SealProblem(rel, "missing", "listed in SHA256SUMS, not in the run"))
             continue
-        actual = file_digest(target)
+        actual = digests.digest(target) if digests else file_digest(target)
         if actual != expected:
             problems.append(SealProblem(
                 rel, "modified", f"sha256 expected {expected[:_DIGEST_SHOWN]}…, "
@@ -364,18 +400,18 @@ def seal_problems(run_dir: Path) -> list[SealProblem] | None:
     return problems
 
 
-def seal_state(run_dir: Path) -> SealState:
+def seal_state(run_dir: Path, digests: DigestCache | None = None) -> SealState:
     """"sealed" (every file matches SHA256SUMS), "unsealed" (no SHA256SUMS: an interrupted,
     incomplete run) or "tampered" (`seal_problems` names what)."""
-    problems = seal_problems(run_dir)
+    problems = seal_problems(run_dir, digests)
     if problems is None:
         return "unsealed"
     return "tampered" if problems else "sealed"
 
 
-def verify(run_dir: Path) -> list[str]:
+def verify(run_dir: Path, digests: DigestCache | None = None) -> list[str]:
     """Problems found checking SHA256SUMS (empty when every file matches and none is unlisted)."""
-    problems = seal_problems(run_dir)
+    problems = seal_problems(run_dir, digests)
     if problems is None:
         return [f"{Path(run_dir) / SUMS_NAME} is missing"]
     return [p.listed() for p in problems]

@@ -37,14 +37,15 @@ def public_tree():
     return aiperf.read_public_tree(PUBLIC_TREE)
 
 
-def stage_sources(run_dir: Path, src: Path, results: Path) -> Path:
+def stage_sources(run_dir: Path, src: Path, results: Path,
+                  digests: evidence.DigestCache | None = None) -> Path:
     if src.exists():
         shutil.rmtree(src)
     (src / "notebooks").mkdir(parents=True)
     shutil.copytree(REPO_ROOT / "book", src / "book")
     for name in ("_config.yml", "_toc.yml"):
         shutil.copyfile(REPO_ROOT / name, src / name)
-    runs = catalog(results)
+    runs = catalog(results, digests)
     if run_dir.name not in by_id(runs):  # a run outside the results directory: list it too
         runs = runs + catalog_one(run_dir)
     published = by_id(runs)[run_dir.name]
@@ -107,24 +108,28 @@ def catalog_one(run_dir: Path):
     return [read_run(run_dir, [], reference=run_dir.name)]
 
 
-def refuse_unpublishable(run_dir: Path) -> None:
+def refuse_unpublishable(run_dir: Path, digests: evidence.DigestCache | None = None) -> None:
     """A run whose files changed after sealing is never published; an unsealed run (interrupted
     before it was sealed) is, labelled incomplete on every page that shows it."""
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a recorded run (no run.json)")
-    if evidence.seal_state(run_dir) == "tampered":
+    if evidence.seal_state(run_dir, digests) == "tampered":
         raise BookRefused(f"run {run_dir.name}: its evidence does not match SHA256SUMS, so it "
-                          "is not published: " + "; ".join(evidence.verify(run_dir)))
+                          "is not published: " + "; ".join(evidence.verify(run_dir, digests)))
 
 
 def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None) -> Path:
     """Build into <out_root>/_build/html (the repository's by default) from every run of
     `results` (the run's own parent directory by default), publishing `run_dir`'s notebooks."""
     run_dir = Path(run_dir).absolute()  # not resolve(): a linked run belongs to its link's folder
-    refuse_unpublishable(run_dir)
-    results = Path(results).absolute() if results else run_dir.parent
     build_dir = Path(out_root) / "_build"
-    src = stage_sources(run_dir, build_dir / ".src", results)
+    # every listed run's seal is checked each build; a file's digest is hashed again only when
+    # its size, time or inode changed since the last build (evidence.DigestCache)
+    digests = evidence.DigestCache(build_dir / ".digest-cache.json")
+    refuse_unpublishable(run_dir, digests)
+    results = Path(results).absolute() if results else run_dir.parent
+    src = stage_sources(run_dir, build_dir / ".src", results, digests)
+    digests.save()
     jb = Path(sys.executable).with_name("jupyter-book")
     done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root), "-W",
                            "-n", "--keep-going"],

@@ -86,10 +86,11 @@ def stage_states(run_dir: Path) -> dict[str, str]:
     return states
 
 
-def seal_state(run_dir: Path) -> str:
+def seal_state(run_dir: Path, digests: evidence.DigestCache | None = None) -> str:
     """evidence.seal_state, with what changed named when the run was tampered with."""
-    state = evidence.seal_state(run_dir)
-    return "tampered: " + "; ".join(evidence.verify(run_dir)[:5]) if state == "tampered" else state
+    state = evidence.seal_state(run_dir, digests)
+    return ("tampered: " + "; ".join(evidence.verify(run_dir, digests)[:5])
+            if state == "tampered" else state)
 
 
 def host_facts(run_dir: Path) -> dict:
@@ -150,14 +151,15 @@ def why_not_results(run_dir: Path, record: dict) -> str:
     return ""
 
 
-def read_run(run_dir: Path, replayed: list[str], reference: str = "") -> Run:
+def read_run(run_dir: Path, replayed: list[str], reference: str = "",
+             digests: evidence.DigestCache | None = None) -> Run:
     record = evidence.read_json(run_dir / "run.json")
     stages = stage_states(run_dir)
     if run_dir.name == reference:
         replayed = [s for s, state in stages.items() if state != "not run"]
     notes = run_dir.parent / f"{run_dir.name}.notes.md"  # beside the sealed run, never inside it
     why = why_not_results(run_dir, record)
-    seal = seal_state(run_dir)
+    seal = seal_state(run_dir, digests)
     if seal != "sealed" and not why:
         why = f"evidence {seal}"
     return Run(
@@ -183,13 +185,14 @@ def replayed_notebooks(results: Path) -> dict[str, list[str]]:
     return runs
 
 
-def catalog(results: Path) -> list[Run]:
-    """Every directory of results/ holding a run.json, oldest first, superseded runs marked."""
+def catalog(results: Path, digests: evidence.DigestCache | None = None) -> list[Run]:
+    """Every directory of results/ holding a run.json, oldest first, superseded runs marked;
+    `digests` remembers the files' sha256 between calls (evidence.DigestCache)."""
     results = Path(results)
     reference_file = results / REFERENCE_FILE
     reference = reference_file.read_text(encoding="utf-8").strip() if reference_file.exists() else ""
     replayed = replayed_notebooks(results)
-    runs = [read_run(d, replayed.get(d.name, []), reference)
+    runs = [read_run(d, replayed.get(d.name, []), reference, digests)
             for d in sorted(results.iterdir()) if (d / "run.json").is_file()]
     runs.sort(key=lambda r: (r.record.get("created_utc", ""), r.run_id))
     mark_superseded(runs)

@@ -15,6 +15,7 @@ existed used `RECORDED_BEFORE_SETS`).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from pathlib import Path
@@ -78,9 +79,22 @@ KEY_FIELDS = {
 }
 
 
+# pins.yaml parsed once per version of the file: the book reads it for every run it lists, and
+# a pure-Python parse of it costs about 0.2 s (libyaml's loader, where built, a tenth of that)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_parsed: dict[tuple, dict] = {}
+
+
 def load(path: Path = PINS_PATH) -> dict:
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    """pins.yaml as a fresh dict (callers may change it): parsed again only when the file's
+    size or modification time changed."""
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _parsed:
+        with open(path, encoding="utf-8") as fh:
+            _parsed.clear()
+            _parsed[key] = yaml.load(fh, Loader=_SAFE_LOADER)
+    return copy.deepcopy(_parsed[key])
 
 
 def loads(text: str) -> dict:

@@ -26,6 +26,9 @@ PAGE_LOAD_TIMEOUT_S = 30
 # The window the book is read in (the issue's 1400-pixel window): every check runs at this size,
 # and no table may be wider than what it leaves the page's main column (table_widths).
 WINDOW = (1400, 900)
+# ...and the phone it is read on (a 390 x 844 CSS-pixel screen): headless Chromium will not
+# open a window narrower than 500 px, so the phone is emulated (chromium(..., phone=True)).
+PHONE = (390, 844)
 IMAGE_WAIT_MS = 10_000
 # A longer page is shot down to here: Chromium draws at most 16384 px, and a 36000 px PNG takes
 # seconds to write and cannot be looked at anyway.
@@ -80,9 +83,19 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass  # one line per request would drown pytest's output
 
 
+# Headless Chromium's narrowest window: a narrower size is given by emulating a phone.
+NARROWEST_WINDOW = 500
+
+
 @contextlib.contextmanager
-def chromium(width: int = WINDOW[0], height: int = WINDOW[1]):
-    """Headless Chromium through chromedriver, its browser console log kept (get_log)."""
+def chromium(width: int = WINDOW[0], height: int = WINDOW[1], phone: bool = False):
+    """Headless Chromium through chromedriver, its browser console log kept (get_log).
+
+    phone=True emulates a phone's screen of width x height CSS pixels (DevTools' device
+    metrics, `mobile`): a layout viewport of the device's width, the page's meta viewport
+    honoured and scrollbars that take no room, as a phone lays a page out. A page wider than
+    the phone then widens window.innerWidth with it, so page widths are measured against the
+    document's clientWidth (page_width_problems)."""
     # imported here: the static link crawl and the skip rule need no selenium
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -92,16 +105,26 @@ def chromium(width: int = WINDOW[0], height: int = WINDOW[1]):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                 # no network beyond 127.0.0.1 here: no update checks, no field trials
                 "--disable-background-networking", "--disable-component-update",
-                f"--window-size={width},{height}"):
+                f"--window-size={max(width, NARROWEST_WINDOW)},{height}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
                               options=options)
     try:
         driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+        if phone:
+            emulate_phone(driver, width, height)
         yield driver
     finally:
         driver.quit()
+
+
+def emulate_phone(driver, width: int, height: int) -> None:
+    """The page laid out on a phone's screen of width x height CSS pixels (chromium(phone=True));
+    it holds for every page this driver loads after."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": height, "deviceScaleFactor": 1, "mobile": True})
+    driver.emulated_phone = (width, height)
 
 
 def load(driver, url: str) -> None:
@@ -114,10 +137,18 @@ def screenshot(driver, path: Path) -> Path:
     """The whole page, up to MAX_SHOT_HEIGHT px: the window is stretched to the page's height for
     the shot, then given back its size. (DevTools' captureBeyondViewport lays this theme out
     again, at another width, and the shot shows the page cut on its left.)"""
-    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
-    chrome = height - driver.execute_script("return window.innerHeight")
     page = driver.execute_script("return document.documentElement.scrollHeight")
     path.parent.mkdir(parents=True, exist_ok=True)
+    phone = getattr(driver, "emulated_phone", None)
+    if phone:  # the emulated screen, not the window, is what is drawn: stretch the screen
+        try:
+            emulate_phone(driver, phone[0], min(page, MAX_SHOT_HEIGHT))
+            driver.save_screenshot(str(path))
+        finally:
+            emulate_phone(driver, *phone)
+        return path
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    chrome = height - driver.execute_script("return window.innerHeight")
     try:
         driver.set_window_size(width, min(page, MAX_SHOT_HEIGHT) + chrome)
         driver.save_screenshot(str(path))
@@ -206,6 +237,108 @@ def wide_tables(driver) -> list[str]:
     past the window's right edge. Problems read "table N (its first row): W px in R px"."""
     return [f"table {i} ({t['name']}): {t['width']} px in {t['room']} px"
             for i, t in enumerate(table_widths(driver), start=1) if t["width"] > t["room"]]
+
+
+# Every <details> of the loaded page opened (a dropdown, a folded code cell: a reader opens them,
+# and a closed one has no width to measure), then two animation frames, so that what runs on
+# their `toggle` event (book/_ext/table_fit.py's script) has laid them out.
+_OPEN_DETAILS = """
+const done = arguments[arguments.length - 1];
+const details = Array.from(document.querySelectorAll("details"));
+details.forEach(d => { d.open = true; });
+if (details.length === 0) done(0);
+else requestAnimationFrame(() => requestAnimationFrame(() => done(details.length)));
+"""
+
+
+def open_details(driver) -> int:
+    """Open every <details> of the loaded page; how many there were."""
+    return driver.execute_async_script(_OPEN_DETAILS)
+
+
+# The document's width against the room the window gives it (clientWidth: the window less its
+# scrollbar; on an emulated phone the device's width, where innerWidth grows with a page wider
+# than the phone), and the deepest elements sticking out past it, to say what is too wide.
+_PAGE_WIDTH = """
+const room = document.documentElement.clientWidth;
+const out = [];
+for (const el of document.querySelectorAll("body *")) {
+  const box = el.getBoundingClientRect();
+  if (box.width === 0 || box.right <= room + 1) continue;
+  if (Array.from(el.children).some(c => c.getBoundingClientRect().right > room + 1)) continue;
+  const name = el.tagName.toLowerCase() + (el.className && el.className.baseVal === undefined
+                                           ? "." + el.className.trim().split(/\\s+/)[0] : "");
+  out.push(name + " '" + (el.innerText || el.textContent || "").replace(/\\s+/g, " ").trim()
+           .slice(0, 40) + "' to " + Math.ceil(box.right) + " px");
+}
+return {width: document.documentElement.scrollWidth, room: room, sticking_out: out.slice(0, 3)};
+"""
+
+
+def page_width_problems(driver) -> list[str]:
+    """The loaded page is no wider than the window: the reader never scrolls it sideways. A
+    problem reads "page: W px wide in R px (the elements sticking out)"."""
+    measured = driver.execute_script(_PAGE_WIDTH)
+    if measured["width"] <= measured["room"]:
+        return []
+    return [f"page: {measured['width']} px wide in {measured['room']} px ("
+            + "; ".join(measured["sticking_out"]) + ")"]
+
+
+# The tables book/_ext/table_fit.py's script laid out as cards (one per row): on a phone that is
+# how a wide table fits; in the 1400-pixel window a table of the book's own fits as a table.
+_STACKED = """
+return Array.from(document.querySelectorAll("table.table-stacked")).map(table => ({
+  // its first row's cells, read as text: a stacked table's head is not rendered (no innerText)
+  name: Array.from((table.rows[0] || {cells: []}).cells, c => c.textContent.trim()).join(" ")
+    .replace(/\\s+/g, " ").slice(0, 50),
+  recorded: table.closest(".cell_output") !== null}));
+"""
+
+
+def stacked_tables(driver) -> list[dict]:
+    """Every table of the loaded page shown as cards: {name, recorded} (recorded: a notebook's
+    output, a frame the run wrote, not a table the book lays out)."""
+    return driver.execute_script(_STACKED)
+
+
+_HREFS = 'return Array.from(document.querySelectorAll("a[href]"), a => a.getAttribute("href"));'
+# Hosts that are the reader's own machine: a link to one is an example address, not a link out.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
+
+
+def malformed_external_links(hrefs: list[str], book_host: str = "") -> list[str]:
+    """Every link out of the book is well formed: https, a host name (with a dot) and a path.
+    A relative link, a fragment, a link to the book's own host or to the reader's machine
+    (http://127.0.0.1:8000/...) is not a link out; mailto: and the like are not checked."""
+    problems = []
+    for href in hrefs:
+        parts = urlsplit(href.strip())
+        if parts.scheme and parts.scheme.lower() not in ("http", "https"):
+            continue
+        if not parts.scheme and not href.strip().startswith("//"):
+            continue  # relative: broken_internal_links checks it
+        try:
+            host = (parts.hostname or "").lower()
+        except ValueError:
+            host = ""
+        if host in LOCAL_HOSTS or (book_host and parts.netloc == book_host):
+            continue
+        why = [what for what, bad in (
+            ("not https", parts.scheme.lower() != "https"),
+            ("no host", not host),
+            ("a host without a dot", bool(host) and "." not in host),
+            ("no path", not parts.path),
+            ("a space in it", any(c.isspace() for c in href.strip()))) if bad]
+        if why:
+            problems.append(f"{href} ({', '.join(why)})")
+    return problems
+
+
+def external_link_problems(driver) -> list[str]:
+    """malformed_external_links of the loaded page's <a href>s."""
+    return malformed_external_links(driver.execute_script(_HREFS),
+                                    urlsplit(driver.current_url).netloc)
 
 
 # Links with these schemes leave the book: not checked. Any other scheme (file:, ...) is

@@ -14,7 +14,7 @@ import pytest
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
 from lib.measure import published
-from lib.publish import appendix, book, coverage, pages, scan
+from lib.publish import appendix, book, coverage, pages, scan, sources
 from lib.publish.catalog import catalog
 
 RESULTS = REPO_ROOT / "results"
@@ -54,7 +54,7 @@ def test_the_catalog_says_which_runs_may_feed_results():
     assert runs["gpu-2xh200-deepep-20261130"].failed_stages == ["03_kernel_test"]
 
 
-def test_the_landing_page_answers_the_three_questions_with_levels(built):
+def test_the_landing_page_answers_the_four_questions_with_levels(built):
     page = text_of(built / "book" / "intro.html")
     for _, question in pages.QUESTIONS:
         assert question.split(",")[0] in page
@@ -75,7 +75,7 @@ def test_the_results_page_has_its_tables_and_plots(built):
     page = text_of(built / "book" / "results.html")
     assert "1. Does it work?" in page and "2. How fast?" in page
     # no interval from 3 rounds: every measured ratio row says why
-    assert "none: 3 rounds, under 5" in page
+    assert "3 rounds: no interval (needs 5); each round plotted" in page
     # the CUDA-graph arm that died on deepep_v2: a FAIL with the line its server's log says it
     # died at, and the step it was running, not a blank; too long for its cell, it is the
     # table's note (a table wider than the page's column would scroll sideways)
@@ -102,7 +102,8 @@ def test_a_stage_chapter_opens_with_prose_and_shows_every_skip_reason(built):
     for g in gates:
         if g["status"] != "PASS":
             assert evidence.without_terminal_codes(g["reason"])[:60].split()[0] in page
-    assert (built / "notebooks" / "02_image.html").is_file()
+    assert "The notebook as run" in page  # the notebook is on the chapter's page, not apart
+    assert not (built / "notebooks").exists()
 
 
 def test_the_built_book_publishes_no_identities(built):
@@ -170,7 +171,8 @@ def test_a_removed_stage_shows_not_measured_with_the_reason(tmp_path):
     kernel = results_md.split("### Kernel", 1)[1].split("###", 1)[0]
     assert "not measured: no recorded run has DeepEP's test_ep" in kernel
     works, fast, *_ = pages.answers(ev)  # the other answers: beats, trains
-    assert fast.startswith("Kernel: not measured here (no recorded run has DeepEP's test_ep")
+    assert fast[0].startswith("Kernel: not measured here (no recorded run has DeepEP's test_ep")
+    assert works[0].startswith("**not measured here** (no recorded run has DeepEP's test_ep")
     assert not (tmp_path / "figures" / "kernel.png").exists()
 
 
@@ -226,8 +228,8 @@ def test_an_unsealed_run_is_published_only_as_incomplete(tmp_path):
     page = (src / "book" / "runs" / f"{REFERENCE}.md").read_text()
     assert "incomplete: no SHA256SUMS" in page
     for stage in ("00_cluster", "05_sweep"):
-        banner = nbformat.read(src / "notebooks" / f"{stage}.ipynb", as_version=4).cells[1].source
-        assert banner.startswith("**Incomplete run**"), stage
+        chapter = nbformat.read(src / "book" / "stages" / f"{stage}.ipynb", as_version=4)
+        assert "\n**Incomplete run**" in chapter.cells[0].source, stage
 
 
 def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest(built):
@@ -241,7 +243,8 @@ def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest
     assert vllm["one GPU host"].startswith("**measured**")
     assert vllm["Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
     assert f"{coverage.SIMULATED_NODES}: 3 runs, 3 passing; latest kube-ctlplane-20261206" in page
-    source = (built.parent / ".src" / "book" / "coverage.md").read_text(encoding="utf-8")
+    source = sources.strip_links(
+        (built.parent / ".src" / "book" / "coverage.md").read_text(encoding="utf-8"))
     for claim in cited.CLAIMS:  # in the page's source: Sphinx typesets '--' as a dash
         assert claim["claim"] in source and claim["date"] in source
     assert "not a single-variable A/B" in page

@@ -29,6 +29,7 @@ FIT_RUN = "gpu-2xh200-deepep-20261130c"    # the run links.yaml fits NVLink's fi
 DISPATCH_BYTES = 7168 + 7168 // 128 * 4 + 8 * (8 + 4)  # FP8 x, fp32 scales, top-k idx + weight
 COMBINE_BYTES = 7168 * 2 + 8 * 4                       # BF16 x, top-k weights
 NVLINK_GBPS, EFA_GBPS = 312, 16 * 200 / 8 / 8          # links.yaml: best NCCL point; p5en NICs
+WIRE_GBPS = 900 / 2  # H200 NVLink 4: 900 GB/s both directions together (NVIDIA), one direction
 
 
 def hit(group: int, experts: int = 256, topk: int = 8) -> float:
@@ -223,6 +224,53 @@ def test_bounds_plot_draws_every_point_against_its_line(table, tmp_path):
     guide = measured[measured["run"] == GUIDE_RUN].sort_values("tokens")
     assert list(guide["measured_us"]) == pytest.approx([29.899, 56.552, 298.9805])
     assert set(measured["line"]) <= set(drawn["line"])  # every point has its bound line
+
+
+def test_the_nvlink_lines_are_nccls_floor_and_beside_it_the_wire(table):
+    """On NVLink the bound every ratio is taken against is NCCL's all_to_all_single curve
+    measured here, named so; the wire is the link's specification, a line of its own (the same
+    bytes at 450 GB/s, no fixed cost), where a guide run was measured, never a denominator."""
+    lines, _ = results.bound_lines(results._dc_points(table))
+    ep2 = lines[lines["line"] == "EP 2: 1 x 2xh200-lent"]
+    bound = ep2[ep2["kind"] == "bound"].set_index("tokens")
+    wire = ep2[ep2["kind"] == "wire"].set_index("tokens")
+    for tokens in (128, 512, 4096):
+        assert bound.loc[tokens, "bound_us"] == pytest.approx(ep2_dc_bound(tokens), rel=1e-9)
+        sent = tokens * hit(128)
+        assert wire.loc[tokens, "bound_us"] == pytest.approx(
+            sent * (DISPATCH_BYTES + COMBINE_BYTES) / (WIRE_GBPS * 1e3), rel=1e-9)
+    assert set(bound["basis"]) == {
+        "NCCL all_to_all_single floor measured here (312 GB/s per GPU per direction)"}
+    assert set(wire["basis"]) == {
+        "the wire, NVLink 4 specification (450 GB/s per GPU per direction)"}
+    assert set(lines.loc[lines["kind"] == "wire", "line"]) == {"EP 2: 1 x 2xh200-lent"}
+    efa = lines[lines["nodes"] > 1]
+    assert efa["basis"].str.startswith("the wire, EFA: ").all()
+    # the ratios are still measured / NCCL's floor: 1.02 at 4096 tokens, ~1.5 of the wire
+    guide = table[(table["run"] == GUIDE_RUN) & (table["phase"] == "dc")].set_index("tokens")
+    assert guide.loc[4096, "ratio"] == pytest.approx(
+        guide.loc[4096, "measured_us"] / bound.loc[4096, "bound_us"])
+
+
+def test_the_wire_figure_is_a_cited_specification():
+    import yaml
+
+    links = yaml.safe_load(bounds.LINKS_PATH.read_text())
+    spec = links["nvlink"]["h200-nvlink4-spec"]
+    assert spec["basis"] == "specification" and spec["latency"] == "none"
+    assert spec["url"] == "https://www.nvidia.com/en-us/data-center/h200/" and spec["date"]
+    assert "900GB/s" in spec["source"] and spec["corroborating_url"].startswith("https://")
+    assert spec["GBps"] * 2 == spec["stated_GBps_both_directions"] == 900
+    assert links["nvlink"]["h200-nccl-2gpu"]["specification"] == "h200-nvlink4-spec"
+    assert bounds.wire_nvlink("2xh200-lent") == bounds.wire_nvlink("p5en.48xlarge") \
+        == "h200-nvlink4-spec"
+    assert bounds.wire_nvlink("p6-b200.48xlarge") is None  # its figure names no specification
+    # no instance is bounded by the specification: every ratio stays against what was measured
+    assert all(m["nvlink"] != "h200-nvlink4-spec" for m in links["instances"].values())
+    figures = bounds.link_figures("2xh200-lent", nvlink="h200-nvlink4-spec")
+    assert figures["nvlink"]["GBps"] == 450 and figures["nvlink"]["latency_us"] == 0.0
+    with pytest.raises(bounds.ParameterError, match="nvlink"):
+        bounds.link_figures("2xh200-lent", nvlink="no-such-link")
 
 
 def test_results_section_and_the_bounds_page(guide_runs, table, tmp_path):

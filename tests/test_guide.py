@@ -136,7 +136,7 @@ def test_a_planted_secret_reaches_no_evidence_notebook_or_book(recorded, tmp_pat
                 assert b"plantedSECRET" not in path.read_bytes(), path
     html = tmp_path / "_build" / "html"
     assert (html / "index.html").exists()
-    stage_page = (html / "notebooks" / "00_cluster.html").read_text()
+    stage_page = (html / "book" / "stages" / "00_cluster.html").read_text()
     assert "Verification level" in stage_page and "measured here end-to-end" in stage_page
     assert "first" in (html / "book" / "runs" / "first.html").read_text()  # the run it shows
 

@@ -82,7 +82,8 @@ def test_the_plot_is_written_with_the_steps_it_drew(committed, tmp_path):
 def test_the_section_cites_the_public_gate_beside_the_runs(committed, tmp_path):
     section = "\n".join(training.training_section(committed, tmp_path, pages.run_link))
     assert "## 5. Does a training step's all-to-all work?" in section
-    assert "![loss and grad norm per step, a line per run](figures/training.png)" in section
+    assert f"![{plots.training_spec(figures.training_steps(committed)).alt}](figures/training.png)" \
+        in section
     assert (tmp_path / "training.png").exists()
     assert f"| FAIL: {FALLS} |" in section and "8.7281 -> 7.0767" in section
     assert "loss 26.41 -> 25.10 -> 24.61, grad norm 30.64 -> 28.20 -> 27.09, EFA TX 1.096 GB" \
@@ -94,7 +95,7 @@ def test_the_section_cites_the_public_gate_beside_the_runs(committed, tmp_path):
 
 
 def test_the_landing_answer_names_the_run_its_level_and_the_fail(committed):
-    answer = training.training_answer(committed, pages.run_link)
+    answer = " ".join(training.training_answer(committed, pages.run_link))
     assert answer.startswith("**Yes on 1x NVIDIA H200, one host, EP 1**")
     assert f"loss 8.73 -> 7.08 ({END_TO_END}, {pages.run_link(PASSED)})" in answer
     assert "no token crosses a GPU at EP 1" in answer
@@ -162,9 +163,9 @@ def test_the_cpu_reference_is_shown_at_its_own_level_and_no_other_cpu_run(tmp_pa
     table = training.training_table(summary.reset_index(), pages.run_link).set_index("run")
     assert table.loc[pages.run_link("cpu-ref"), "token copies crossing ranks per step"] \
         == "506 to 516"
-    answer = training.training_answer(catalog(results), pages.run_link)
+    answer = " ".join(training.training_answer(catalog(results), pages.run_link))
     assert answer.startswith("On GPUs: not measured (no passing 07 on real GPUs)")
-    assert (f"on CPU, EP 2 over gloo: loss 4.86 -> 4.43, 506 to 516 token copies crossing ranks "
+    assert (f"On CPU, EP 2 over gloo: loss 4.86 -> 4.43, 506 to 516 token copies crossing ranks "
             f"per step ({figures.CPU_TRAINING}, {pages.run_link('cpu-ref')})") in answer
 
 

@@ -246,16 +246,22 @@ def efa_bandwidth(entry: Mapping) -> float:
     return entry["nics_per_node"] * entry["Gbps_per_nic"] / 8 / entry["gpus_per_node"]
 
 
-def link_figures(instance: str, links_path: str | Path = LINKS_PATH) -> dict[str, dict | None]:
-    """The instance's NVLink and EFA figures: name, GBps, latency_us, source, date, basis."""
+def link_figures(instance: str, links_path: str | Path = LINKS_PATH,
+                 nvlink: str | None = None) -> dict[str, dict | None]:
+    """The instance's NVLink and EFA figures: name, GBps, latency_us, source, date, basis.
+    `nvlink` names another NVLink figure of links.yaml to use instead of the instance's (the
+    wire's specification beside a measured curve: wire_nvlink)."""
     links = load_links(links_path)
     if instance not in links["instances"]:
         raise ParameterError("instance", instance, ", ".join(links["instances"]))
     machine = links["instances"][instance]
-    nvl = links["nvlink"][machine["nvlink"]]
+    name = nvlink or machine["nvlink"]
+    if name not in links["nvlink"]:
+        raise ParameterError("nvlink", name, ", ".join(links["nvlink"]))
+    nvl = links["nvlink"][name]
     figures: dict[str, dict | None] = {
-        "nvlink": {"name": machine["nvlink"], "GBps": nvlink_bandwidth(nvl),
-                   "latency_us": _latency(machine["nvlink"], nvl, links_path), "source": nvl["source"],
+        "nvlink": {"name": name, "GBps": nvlink_bandwidth(nvl),
+                   "latency_us": _latency(name, nvl, links_path), "source": nvl["source"],
                    "date": nvl["date"], "basis": nvl["basis"], "note": machine.get("note", "")},
         "rdma": None}
     if machine.get("efa"):
@@ -264,6 +270,30 @@ def link_figures(instance: str, links_path: str | Path = LINKS_PATH) -> dict[str
                            "source": efa["source"], "date": efa["date"], "basis": efa["what"],
                            "note": "no sourced per-message latency: bandwidth term only"}
     return {**figures, "instance": {"name": instance, **machine}}
+
+
+def wire_nvlink(instance: str, links_path: str | Path = LINKS_PATH) -> str | None:
+    """The NVLink figure of the wire itself (basis: specification) under the instance's NVLink
+    figure, where that one is a measured curve naming its `specification`; None elsewhere."""
+    links = load_links(links_path)
+    machine = links["instances"].get(instance) or {}
+    entry = links["nvlink"].get(machine.get("nvlink"), {})
+    wire = entry.get("specification")
+    return wire if wire in links["nvlink"] else None
+
+
+def link_label(figures: Mapping, link: str, links_path: str | Path = LINKS_PATH) -> str:
+    """What bounds a phase whose bottleneck is `link` ("nvlink" or "rdma"), in the few words a
+    plot's legend carries: an NVLink figure's `label` (a measured curve says it is NCCL's floor
+    measured here, not the wire), or the EFA NICs' specification."""
+    if link == "nvlink":
+        name = figures["nvlink"]["name"]
+        entry = load_links(links_path)["nvlink"][name]
+        return f"{entry.get('label') or 'NVLink ' + name} ({figures['nvlink']['GBps']:g} GB/s " \
+               "per GPU per direction)"
+    efa = load_links(links_path)["efa"][figures["rdma"]["name"]]
+    return (f"the wire, EFA: {efa['nics_per_node']} x {efa['Gbps_per_nic']} Gbit/s per node "
+            f"({efa_bandwidth(efa):g} GB/s per GPU)")
 
 
 def _latency(name: str, entry: Mapping, links_path: str | Path) -> float:
@@ -305,9 +335,10 @@ def phase_bounds(shape: Shape, figures: Mapping, routing: Routing | None = None,
 
 
 def bound(shape: Shape, instance: str = DEFAULT_INSTANCE, routing: Routing | None = None,
-          links_path: str | Path = LINKS_PATH) -> dict[str, Any]:
-    """The whole answer at a shape: bytes, per-phase bounds, D+C bound, the figures used."""
-    figures = link_figures(instance, links_path)
+          links_path: str | Path = LINKS_PATH, nvlink: str | None = None) -> dict[str, Any]:
+    """The whole answer at a shape: bytes, per-phase bounds, D+C bound, the figures used
+    (`nvlink`: another NVLink figure than the instance's, as link_figures takes it)."""
+    figures = link_figures(instance, links_path, nvlink)
     routing = routing or uniform_routing(shape)
     phases = phase_bounds(shape, figures, routing)
     return {"shape": shape, "routing": routing.kind, "routing_notes": list(routing.notes),
@@ -511,16 +542,19 @@ def is_measurement(level: str | None) -> bool:
 
 def tokens_bounds(token_counts: Sequence[int], *, hidden: int, topk: int, experts: int,
                   ranks_per_node: int, nodes: int, instance: str, dispatch_dtype: str = "fp8",
-                  mode: str = "hybrid", links_path: str | Path = LINKS_PATH) -> dict[str, Any]:
+                  mode: str = "hybrid", links_path: str | Path = LINKS_PATH,
+                  nvlink: str | None = None) -> dict[str, Any]:
     """The bound at each token count of one place: per phase, D+C and the bottleneck, with the
-    place (EP, instance, mode) and the link sources said. ParameterError for a shape or place
-    the model refuses (experts not divisible by the ranks, more ranks than the instance has)."""
+    place (EP, instance, mode), the link sources said and `label`, what bounds it in a few words
+    (link_label of the bottleneck at the most tokens). ParameterError for a shape or place the
+    model refuses (experts not divisible by the ranks, more ranks than the instance has).
+    `nvlink`: another NVLink figure than the instance's (the wire's: wire_nvlink)."""
     rows, answer = [], None
     for tokens in token_counts:
         shape = make_shape(tokens=tokens, hidden=hidden, topk=topk, experts=experts,
                            ranks_per_node=ranks_per_node, nodes=nodes,
                            dispatch_dtype=dispatch_dtype, mode=mode)
-        answer = bound(shape, instance, links_path=links_path)
+        answer = bound(shape, instance, links_path=links_path, nvlink=nvlink)
         phases = answer["phases"]
         rows.append({"tokens": tokens, "dispatch bound (us)": phases["dispatch"]["bound_us"],
                      "combine bound (us)": phases["combine"]["bound_us"],
@@ -533,7 +567,10 @@ def tokens_bounds(token_counts: Sequence[int], *, hidden: int, topk: int, expert
     return {"instance": instance, "ep": ranks_per_node * nodes, "nodes": nodes,
             "ranks_per_node": ranks_per_node, "mode": mode, "routing": answer["routing"],
             "dispatch_dtype": dispatch_dtype, "rows": rows, "fitted_on": fitted,
-            "sources": _source_lines(answer["figures"], nodes > 1)}
+            "sources": _source_lines(answer["figures"], nodes > 1),
+            "nvlink": answer["figures"]["nvlink"]["name"],
+            "label": link_label(answer["figures"], answer["phases"]["combine"]["bottleneck"],
+                                links_path)}
 
 
 def describe_place(bounds_at: Mapping) -> str:

@@ -19,6 +19,9 @@ from typing import Any, Mapping
 import pandas as pd
 
 SOURCE = "antonai-work/deepep-v2-efa-repro RESULTS.md"
+# SOURCE in lib/publish/sources.yaml: its URL at the commit the figures were read at. The book
+# links every "cited: <SOURCE>" through lib.publish.sources.link_references.
+SOURCE_ID = "repro-results"
 HARDWARE = "2x p5en.48xlarge (16x H200), EP16 across 2 nodes over EFA"
 TOLERANCE = 0.10  # the anchors' stated run-to-run variance is ~10%
 REFERENCE_COLUMNS = ("figure", "value", "unit", "decimals", "hardware", "date", "source")
@@ -177,4 +180,89 @@ def compare(run_figures: pd.DataFrame | Mapping[str, float],
     table = pd.DataFrame(rows, columns=["figure", "reference", "unit", "run", "ratio",
                                         "outside_tolerance", "flag", "hardware", "date", "source"])
     table["outside_tolerance"] = table["outside_tolerance"].astype("boolean")
+    return table
+
+
+# ---- DeepEP V2 over EFA, by transport: what a reader sets a GIN type against ---------------------
+# The GIN types: 2 is NCCL's CPU proxy (what the EFA installer 1.50.0 leaves NCCL on by default),
+# 5 the GPU-initiated path (NCCL_GIN_TYPE=5 with NCCL_SYM_GIN_KERNELS_ENABLE=0), 3 GDAKI as the AWS
+# serving sample configures it (NCCL_GIN_TYPE=3, OFI_NCCL_GIN_GDAKI=1).
+EFA_TRANSPORT_COLUMNS = ("group", "figure", "gin_type", "nodes", "tokens", "phase", "concurrency",
+                         "value", "unit", "decimals", "hardware", "setup", "date", "source_id",
+                         "level")
+# Type 2 against type 5 on p5en: the rows of lib/measure/cited_figures.yaml whose source is this
+# campaign (one place for those numbers: the bounds page checks them against the transfer bound).
+P5EN_GIN_SOURCE_ID = "whn09-official"
+P5EN_GIN_GROUP = "GIN type 2 against type 5, 2 and 4 p5en nodes"
+# amazon-contributing/DeepEP main at b90a617 on 2x p6-b300, 12 SMs, GIN type 5, 3 reps each
+# (whn09/ep-benchmarks-efa results/b300_main_b90a617_20261008/tables.txt, "main b90a617 (new)",
+# the mean of its reps): (tokens, phase, us).
+P6_B300 = {
+    "group": "DeepEP V2 on 2x p6-b300, GIN type 5",
+    "hardware": "2x p6-b300.48xlarge (16x B300), 16 ranks over EFA",
+    "setup": "amazon-contributing/DeepEP b90a617, test_ep, 12 SMs, mean of 3 reps; the shape is "
+             "the kit's launcher's (hidden 7168, top-8 of 256 experts, FP8 dispatch), not "
+             "restated in these tables",
+    "date": "2026-10-08", "source_id": "whn09-b300-b90a617", "gin_type": 5, "nodes": 2,
+    "figures": ((8192, "dispatch", 1050.5), (8192, "combine", 2868.9),
+                (128, "dispatch", 129.5), (128, "combine", 163.4)),
+}
+# vLLM serving over GDAKI against the CPU proxy, the same nodes, image and day, the transport the
+# only change (awslabs/awsome-distributed-ai PR #1231, examples/inference/vllm/deepep-v2-gdaki-efa/
+# benchmarks/README.md, "Transport A/B", DP16/EP16, eager): output tok/s per concurrency, GDAKI
+# (type 3) and proxy (type 2); and its CUDA-graph (non-eager) sweep's concurrency 64 on GDAKI.
+GDAKI_SERVING = {
+    "group": "vLLM deepep_v2 serving over GDAKI against the CPU proxy",
+    "hardware": "2x p5en.48xlarge (16x H200), DP16/EP16 over EFA",
+    "setup": "Qwen/Qwen3-30B-A3B-FP8, vLLM 0.22.1rc1.dev283 (e2f993dc4), --enforce-eager, 128 "
+             "greedy output tokens, one sweep per arm",
+    "date": "2026-08-14", "source_id": "aws-gdaki-benchmarks", "nodes": 2,
+    "eager": {1: (5.5, 5.4), 8: (43.2, 42.5), 16: (87.2, 84.8), 32: (174.9, 172.4),
+              64: (351.1, 341.9)},
+    "graphs_c64_gdaki": 260.5,
+}
+
+
+def efa_transport_figures() -> pd.DataFrame:
+    """The public DeepEP V2 figures over EFA a transport is compared against, one row per figure:
+    group, figure, gin_type, nodes, tokens (kernel rows), phase, concurrency (serving rows),
+    value, unit, decimals, hardware, setup, date, source_id (lib/publish/sources.yaml), level
+    (always "cited": none is measured here)."""
+    from lib.measure import bounds
+
+    rows = []
+    for entry in bounds.load_cited()["cited"]:
+        if entry.get("source_id") != P5EN_GIN_SOURCE_ID:
+            continue
+        gin_type = entry["gin_type"]
+        for phase, value in entry["phases"].items():
+            rows.append({
+                "group": P5EN_GIN_GROUP, "gin_type": gin_type, "nodes": entry["nodes"],
+                "tokens": entry["tokens"], "phase": phase, "value": float(value),
+                "figure": f"{entry['nodes']} nodes, {entry['tokens']} tokens, {phase}, "
+                          f"type {gin_type}",
+                "hardware": f"{entry['instance']} ({entry['ranks_per_node']} ranks a node) "
+                            "over EFA, 2 and 4 nodes",
+                "setup": "amazon-contributing/DeepEP ec623f3, EFA installer 1.50.0, NCCL 2.31.2, "
+                         "test_ep, 12 SMs, hidden 7168, top-8 of 256 experts, FP8 dispatch",
+                "date": entry["date"], "source_id": entry["source_id"]})
+    for tokens, phase, value in P6_B300["figures"]:
+        rows.append({**{k: P6_B300[k] for k in ("group", "hardware", "setup", "date",
+                                                "source_id", "gin_type", "nodes")},
+                     "tokens": tokens, "phase": phase, "value": value,
+                     "figure": f"{tokens} tokens, {phase}"})
+    serving = {k: GDAKI_SERVING[k] for k in ("group", "hardware", "setup", "date", "source_id",
+                                             "nodes")}
+    for concurrency, by_type in GDAKI_SERVING["eager"].items():
+        for gin_type, value in zip((3, 2), by_type):
+            rows.append({**serving, "gin_type": gin_type, "concurrency": concurrency,
+                         "phase": "eager", "value": value,
+                         "figure": f"c{concurrency} output tok/s, eager, type {gin_type}"})
+    rows.append({**serving, "gin_type": 3, "concurrency": 64, "phase": "CUDA graphs",
+                 "value": GDAKI_SERVING["graphs_c64_gdaki"],
+                 "figure": "c64 output tok/s, CUDA graphs, type 3"})
+    table = pd.DataFrame(rows, columns=list(EFA_TRANSPORT_COLUMNS))
+    table["unit"] = ["tok/s" if pd.notna(c) else "us" for c in table["concurrency"]]
+    table["decimals"] = 1
+    table["level"] = "cited"
     return table

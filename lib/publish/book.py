@@ -20,7 +20,7 @@ import nbformat
 from lib.core import evidence
 from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
 from lib.core.door import REPO_ROOT
-from lib.publish import appendix, cited, coverage, pages, scan
+from lib.publish import appendix, cited, coverage, pages, scan, sources
 from lib.publish.catalog import by_id, catalog
 from lib.stages.registry import STAGES
 
@@ -41,7 +41,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path,
                   digests: evidence.DigestCache | None = None) -> Path:
     if src.exists():
         shutil.rmtree(src)
-    (src / "notebooks").mkdir(parents=True)
+    src.mkdir(parents=True)
     shutil.copytree(REPO_ROOT / "book", src / "book")
     for name in ("_config.yml", "_toc.yml"):
         shutil.copyfile(REPO_ROOT / name, src / name)
@@ -54,6 +54,9 @@ def stage_sources(run_dir: Path, src: Path, results: Path,
     write = lambda name, text: (book / name).write_text(text, encoding="utf-8")  # noqa: E731
     write("intro.md", pages.landing_page((book / "intro.md").read_text(encoding="utf-8"), ev))
     write("results.md", pages.results_page(ev, book / "figures"))
+    write("stages/index.md", pages.stages_index((book / "stages" / "index.md").read_text(
+        encoding="utf-8")))
+    write("cluster.md", pages.cluster_page((book / "cluster.md").read_text(encoding="utf-8"), ev))
     write("bounds.md", pages.bounds_page(ev))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
     write("coverage.md", coverage.coverage_page(runs, list(cited.CLAIMS)))
@@ -64,27 +67,67 @@ def stage_sources(run_dir: Path, src: Path, results: Path,
     (book / "runs").mkdir()
     for run in runs:
         write(f"runs/{run.run_id}.md", appendix.run_page(run, published.run_id))
-    run_ids = {run.run_id for run in runs}
-    for page in book.rglob("*.md"):
-        page.write_text(unlink_absent_runs(page.read_text(encoding="utf-8"), run_ids),
-                        encoding="utf-8")
     for stage in STAGES:
         prose = book / "stages" / f"{stage}.md"
-        prose.write_text(prose.read_text(encoding="utf-8")
-                         + appendix.stage_gates_section(published, stage), encoding="utf-8")
-        executed = run_dir / "notebooks" / f"{stage}.ipynb"
-        incomplete = ("**Incomplete run** (interrupted before it was sealed): its files cannot "
-                      "be told from files changed since. " if published.seal == "unsealed" else "")
-        banner = (f"{incomplete}**Verification level:** {published.level}. Run "
-                  f"[`{published.run_id}`](../book/runs/{published.run_id}.md); evidence: "
-                  f"`results/{run_dir.name}/{stage}/`.")
-        if not executed.exists():  # a stage that did not run still has its page, unexecuted
-            executed = REPO_ROOT / "notebooks" / f"{stage}.ipynb"
-            banner = f"**Not run** in `{run_dir.name}`: this page shows the notebook unexecuted."
-        notebook = nbformat.read(executed, as_version=4)
-        notebook.cells.insert(1, nbformat.v4.new_markdown_cell(banner))
-        nbformat.write(notebook, src / "notebooks" / f"{stage}.ipynb")
+        # what the stage proves (the prose's opening), then what its best evidence says, then
+        # the rest of the prose (its gates, pitfalls), then the published run's gates
+        opening, _, rest = prose.read_text(encoding="utf-8").partition("\n## ")
+        chapter = (opening + pages.stage_evidence(stage, ev, book / "figures")
+                   + ("\n## " + rest if rest else "")
+                   + appendix.stage_gates_section(published, stage))
+        prose.unlink()  # the chapter is one page: the prose, the evidence and the run, a notebook
+        nbformat.write(stage_chapter(stage, chapter, run_dir, published),
+                       book / "stages" / f"{stage}.ipynb")
+    run_ids = {run.run_id for run in runs}
+    for page in book.rglob("*.md"):
+        page.write_text(sources.link_references(unlink_absent_runs(
+            page.read_text(encoding="utf-8"), run_ids)), encoding="utf-8")
+    for page in (book / "stages").glob("*.ipynb"):
+        notebook = nbformat.read(page, as_version=4)
+        for cell in notebook.cells:
+            if cell.cell_type == "markdown":
+                cell.source = sources.link_references(unlink_absent_runs(cell.source, run_ids))
+        nbformat.write(notebook, page)
     return src
+
+
+# The notebook's cells a chapter leaves out: its title (the prose's own heading says it), the
+# wall of `name = None` papermill reads parameters from, and its gates (shown above, grouped).
+_LEFT_OUT_TAGS = {"parameters"}
+
+
+def stage_chapter(stage: str, chapter: str, run_dir: Path, published) -> nbformat.NotebookNode:
+    """One page per stage: the chapter's prose and evidence as its first cell, then the
+    published run's executed notebook (the guide's own check where that run is the CPU
+    reference), its code folded away, the parameters it was given behind a toggle, and no
+    parameters cell of `None`s."""
+    executed = run_dir / "notebooks" / f"{stage}.ipynb"
+    incomplete = ("**Incomplete run** (interrupted before it was sealed): its files cannot "
+                  "be told from files changed since. " if published.seal == "unsealed" else "")
+    check = ("" if published.feeds_results else
+             " It is a check that the guide runs here, not a performance figure.")
+    heading = (f"\n## The notebook as run `{published.run_id}` executed it\n\n{incomplete}"
+               f"**Verification level:** {published.level}.{check} Run "
+               f"[`{published.run_id}`](../runs/{published.run_id}.md); evidence: "
+               f"`results/{run_dir.name}/{stage}/`. Each cell's code is folded; the outputs are "
+               "what the run printed.\n")
+    cells = []
+    if executed.exists():
+        notebook = nbformat.read(executed, as_version=4)
+        for cell in notebook.cells[1:]:  # [0] is the notebook's title
+            tags = set(cell.get("metadata", {}).get("tags", []))
+            if tags & _LEFT_OUT_TAGS:
+                continue
+            if cell.cell_type == "code":
+                # injected parameters: folded whole; other code: the code folded, outputs shown
+                fold = "hide-cell" if "injected-parameters" in tags else "hide-input"
+                cell.metadata["tags"] = sorted(tags | {fold})
+            cells.append(cell)
+    else:  # a stage the published run did not run: its chapter says so, with no notebook
+        notebook = nbformat.read(REPO_ROOT / "notebooks" / f"{stage}.ipynb", as_version=4)
+        heading = f"\n## The notebook\n\n**Not run** in `{run_dir.name}`.\n"
+    notebook.cells = [nbformat.v4.new_markdown_cell(chapter + heading)] + cells
+    return notebook
 
 
 # a link to a run's page in prose: [`<run id>`](runs/<run id>.md) or (../runs/<run id>.md)

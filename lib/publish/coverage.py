@@ -51,6 +51,15 @@ class Covered:
     run_id: str
     state: str
     detail: str = ""  # what a cell says beside the level (the EP a training run ran at)
+    # the stages after 04 that FAILed while serving this engine (a served engine's lane)
+    failed_under_traffic: tuple[str, ...] = ()
+
+
+# A served engine's lane is what 04 served and the stages that then put traffic through that
+# serve (05's sweep; 06's serving A/B where 06 serves, lib.stages.registry.serving): a FAIL in
+# any of them is the engine failing there. vLLM 0.24.0 with deepep_v2 and CUDA graphs served in
+# 04 and died under 06's traffic (gpu-2xh200-deepep-vllm-20261130d): 04 alone counted it passing.
+AFTER_THE_SERVE = ("05_sweep", "06_multicomm")
 
 
 def place_of(run: Run) -> str:
@@ -78,9 +87,10 @@ def level_of(run: Run) -> str:
     return f"not measured ({run.context}: {run.record['level']})"
 
 
-def lanes_of(run: Run) -> list[tuple[str, str, str]]:
-    """(lane, its stage's state, detail) for every lane the run covered: its engine's title,
-    kernels, megatron-core training with its EP."""
+def lanes_of(run: Run) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(lane, its state, detail, the stages that FAILed after the serve) for every lane the run
+    covered: its engine's title (FAIL where 04's serve or the traffic after it failed), kernels,
+    megatron-core training with its EP."""
     def ran(stage: str) -> bool:
         state = run.stages.get(stage, "not run")
         return state in COVERED_STATES or (run.context == "plan" and state == "SKIP")
@@ -89,21 +99,31 @@ def lanes_of(run: Run) -> list[tuple[str, str, str]]:
     if ran("04_serve"):
         name = recorded_engine(run.path, "04_serve")
         title = engines.ENGINES[name].title if name in engines.ENGINES else name
-        lanes.append((title, run.stages["04_serve"], ""))
+        failed = served_then_failed(run, name)
+        lanes.append((title, "FAIL" if failed else run.stages["04_serve"], "", failed))
     if ran("03_kernel_test"):
-        lanes += [(lane, run.stages["03_kernel_test"], "") for lane, result in
+        lanes += [(lane, run.stages["03_kernel_test"], "", ()) for lane, result in
                   KERNEL_LANES.items() if (run.path / "03_kernel_test" / result).exists()]
     if ran(figures.TRAIN_STAGE):
         ep = figures.training_ep(run)
         lanes.append((TRAINING_LANE, run.stages[figures.TRAIN_STAGE],
-                      f"EP {ep}" if ep else ""))
+                      f"EP {ep}" if ep else "", ()))
     return lanes
+
+
+def served_then_failed(run: Run, engine: str) -> tuple[str, ...]:
+    """The stages after 04 that FAILed putting traffic through the engine 04 served."""
+    from lib.stages.registry import serving
+
+    return tuple(stage for stage in AFTER_THE_SERVE
+                 if run.stages.get(stage) == "FAIL"
+                 and (stage != "06_multicomm" or serving(stage, engine)))
 
 
 def coverage(runs: list[Run]) -> list[Covered]:
     """Every (run, lane) the committed runs cover, in the runs' order (oldest first)."""
-    return [Covered(lane, place_of(run), level_of(run), run.run_id, state, detail)
-            for run in runs for lane, state, detail in lanes_of(run)]
+    return [Covered(lane, place_of(run), level_of(run), run.run_id, state, detail, failed)
+            for run in runs for lane, state, detail, failed in lanes_of(run)]
 
 
 def lanes() -> list[str]:
@@ -129,9 +149,21 @@ def cell(covered: list[Covered]) -> str:
         runs = f"{len(mine)} run" + ("s" if len(mine) > 1 else "")
         details = sorted({c.detail for c in mine if c.detail})
         at = f"; {', '.join(details)}" if details else ""
-        said.append(f"**{level}**: {runs}, {passed} passing{at}; "
+        said.append(f"**{level}**: {runs}, {passed} passing{under_traffic(mine)}{at}; "
                     f"latest {run_link(mine[-1].run_id)}")
     return "; ".join(said)
+
+
+def under_traffic(covered: list[Covered]) -> str:
+    """What a cell adds where runs served in 04 and then FAILed serving in 05 or 06: how many,
+    in which stages, and the latest of them, so the failure is on the row, not only counted."""
+    failed = [c for c in covered if c.failed_under_traffic]
+    if not failed:
+        return ""
+    stages = sorted({s[:2] for c in failed for s in c.failed_under_traffic})
+    them = "it" if len(failed) == 1 else f"{len(failed)} of them"
+    return (f" ({them} served in 04, then FAILed in {', '.join(stages)}; the last: "
+            f"{run_link(failed[-1].run_id)})")
 
 
 def coverage_table(runs: list[Run]) -> pd.DataFrame:
@@ -181,19 +213,19 @@ NEMO_RL_RAN = (
     f"as a follow-up ({NEMO_RL_RECORD}, 2026-04-29; cited).")
 NEMO_RL_FACTS = (
     {"fact": "NeMo-RL's main requires Python >= 3.13.14",
-     "source, date": "../shared/reference/ANCHORS.md section 7 ('since #2220'), found 2026-12-03",
+     "source, date": "NeMo-RL #2220, as found 2026-12-03",
      "checked here": "partly: NeMo Gym, a uv workspace member of NeMo-RL (3rdparty/Gym-workspace "
                      "in its pyproject.toml), moved to Python 3.13.14 (NVIDIA-NeMo/Gym #2194, "
                      "merged 2026-07-29), and NVIDIA-NeMo/RL #2562 (open, 2026-05-25) asks for a "
                      "Python 3.12 build; main's own pyproject.toml and #2220 were not seen "
                      "(the stored copies are older, >= 3.12)"},
     {"fact": "ray >= 2.55.1",
-     "source, date": "../shared/reference/ANCHORS.md section 7, found 2026-12-03",
+     "source, date": "the NeMo-RL repository, as found 2026-12-03",
      "checked here": "at NeMo-RL commit 7fa6e55, not main: a public recipe building that commit "
                      "rewrites its pyproject.toml's ray[default]>=2.55.1 (and NeMo Gym's "
                      ">=2.56.1) to ==2.55.1 (found by code search; it gives no date)"},
     {"fact": "Transformer Engine and vLLM come from outside the registries",
-     "source, date": "../shared/reference/ANCHORS.md section 7 ('TE 2.14.1 from git'), found "
+     "source, date": "the NeMo-RL repository ('TE 2.14.1 from git'), as found "
                      "2026-12-03",
      "checked here": "not verified: the stored NeMo-RL pyproject.toml (commit 00efe66) takes "
                      "transformer-engine 2.8.0 and vllm 0.11.2 from PyPI, DeepEP and DeepGEMM "
@@ -211,9 +243,9 @@ NEMO_RL_FACTS = (
 )
 NEMO_RL_WHY = (
     "Why the guide does not run NeMo-RL here: its main wants a Python (3.13.14) that neither the "
-    "guide's environment (3.11) nor the GPU image (3.12) has, and (by ANCHORS.md, not verified "
-    "here) Transformer Engine and vLLM from outside the registries, which the GPU machines cannot "
-    "reach; the public reproduction's own pin wants another torch (2.9.0) than the image's "
+    "guide's environment (3.11) nor the GPU image (3.12) has, and (by the NeMo-RL repository "
+    "as found on 2026-12-03, not verified here) Transformer Engine and vLLM from outside the "
+    "registries, which the GPU machines cannot reach; the public reproduction's own pin wants another torch (2.9.0) than the image's "
     "(2.11.0). PyPI offers only a placeholder. And what the public gate ran was Megatron's fused "
     "all-to-all, the path 07 trains through with megatron-core's own dispatcher. No placeholder "
     "stage stands in for it.")
@@ -239,6 +271,8 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
         "(ran)=", "## Where the guide ran each engine\n",
         "Computed from the committed runs (`results/`): a cell names each level a run reached "
         "there, how many runs did, how many passed, and the latest; *not run* where none did. "
+        "An engine passes in a run when its serve (04) and the serving after it (05's sweep, "
+        "06's serving A/B) passed: a run that served and then FAILed is named in its cell. "
         f"Levels: **{MEASURED}** (every process real on the place named); **{SLURM_CPU_NODES}** "
         f"(a real two-node Slurm on this CPU host, every output measured there); "
         f"**{SLURM_SIMULATED_GPUS}**; **{SIMULATED_NODES}** (a real kube-apiserver, scheduler "
@@ -253,15 +287,15 @@ def coverage_page(runs: list[Run], cited: list[dict]) -> str:
         "GPU is EP 1: no token crosses a GPU there). "
         f"*{NEMO_RL_LANE}*: no run; {{ref}}`below <nemo-rl>`, what the public gate ran and why "
         "the guide does not run it.\n",
-        "(cross-engine)=", "## The public reproduction's engines side by side (cited)\n",
-        f"Output tok/s at concurrency 4 / 8 / 32 on {published.HARDWARE}; "
+        "(cross-engine)=", "## The public reproduction's engines side by side\n",
+        f"Cited from {published.SOURCE} ({published.CROSS_ENGINE_DATE}). Output tok/s at concurrency 4 / 8 / 32 on {published.HARDWARE}; "
         f"{published.CROSS_ENGINE_WORKLOAD}. The same model and workload on the same nodes, but "
         "not a single-variable A/B: each engine ran its own stack (version, seam or shim, "
         "the EP_NUM_COMMS overlay on the SGLang arm), so a ratio between rows says what the "
         "whole stack did, not what DeepEP-V2 did. None of it is measured here; *this guide* "
         "says the best level the committed runs reached for that engine.\n",
         _md_table(cross_engine_table(runs)),
-        "\n(claims)=", "## What public sources claim (cited)\n",
+        "\n(claims)=", "## What public sources claim\n",
         "For the engines and lanes above and those this guide does not run; each with its "
         "source and the date it gives (or the date it was found).\n",
         _md_table(claims_table(cited)) + "\n",
@@ -277,7 +311,7 @@ def pin_sets_line(runs: list[Run]) -> str:
         used[run.pin_set] = used.get(run.pin_set, 0) + 1
     levels = {name: (spec or {}).get("level", "") for name, spec in
               (pins.load().get("sets") or {}).items()}
-    said = "; ".join(f"`{name}` ({levels.get(name, '')}): "
+    said = "; ".join(f"{name} ({levels.get(name, '')}): "
                      + (f"{used[name]} committed runs" if name in used else "no run yet")
                      for name in levels)
     return f"Pin sets ([pin sets](pin_sets.md)): {said}."

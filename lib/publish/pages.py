@@ -7,6 +7,7 @@ gates failed is written NOT_MEASURED with its reason.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -14,9 +15,11 @@ import pandas as pd
 from lib.core import evidence
 from lib.measure import published
 from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
-from lib.publish import plots, report, training
+from lib.publish import answers as answer_words
+from lib.publish import plots, report, sources, training
 from lib.publish import results as figures
 from lib.publish.catalog import END_TO_END, Run, by_id
+from lib.stages.registry import STAGES
 
 NOT_MEASURED = "not measured"
 QUESTIONS = (
@@ -113,57 +116,157 @@ class Notes:
                                            enumerate(self.reasons, start=1)) + "\n"
 
 
+def figure_md(spec, prefix: str = "figures/") -> str:
+    """A figure as a page shows it: the image with its alt text, its caption, its data."""
+    return (f"![{spec.alt}]({prefix}{spec.png})\n\n{spec.caption} Data: "
+            f"[{spec.data}]({prefix}{spec.data}).\n")
+
+
+def dropdown(title: str, body: str) -> str:
+    """Details a reader opens when they want them (sphinx-design's dropdown)."""
+    return f"\n:::{{dropdown}} {title}\n\n{body}\n:::\n"
+
+
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
     return NOT_MEASURED if value is None or pd.isna(value) else f"{value:.{digits}f}{unit}"
 
 
 # --- landing page ---------------------------------------------------------------------------
 
-def answers(ev: Evidence) -> list[str]:
-    """One line per question, each with its verification level; the results page has the rest."""
+def answers(ev: Evidence) -> list[list[str]]:
+    """Per question, its answer in one line (the direction and an absolute figure with its unit)
+    and then the lines it rests on: each figure with its verification level and its run, the
+    failures that answer the question, the cited EFA figures beside ours. Every word of
+    direction is computed from the evidence (lib.publish.answers)."""
+    return [works_answer(ev), fast_answer(ev), beats_answer(ev),
+            training.training_answer(ev.runs, run_link)]
+
+
+def _graphs_on(ev: Evidence, backend: str) -> pd.DataFrame:
+    rows = ev.ratios[ev.ratios["lever"] == "graphs+EP / eager+EP"]
+    return rows[[by_id(ev.runs)[r].serving.endswith(backend) for r in rows["run"]]] \
+        if len(rows) else rows
+
+
+def works_answer(ev: Evidence) -> list[str]:
     pub = ev.published_kernel
-    cited_kernel = (f"{pub['p50_us']:.1f} us at {pub['tokens']} tokens on 2x p5en over EFA "
-                    f"({CITED}, {pub['date']})")
-    if ev.kernel_run and ev.deepep_serve:
-        works = (f"**Yes on one host**: DeepEP's test_ep passes on every rank at "
-                 f"{', '.join(str(t) for t in sorted(set(ev.kernel[ev.kernel['run'] == ev.kernel_run.run_id]['tokens'])))} "
-                 f"tokens ({run_link(ev.kernel_run.run_id)}) and vLLM serves with "
-                 f"`--all2all-backend deepep_v2`, proven in its log "
-                 f"({run_link(ev.deepep_serve.run_id)}): {END_TO_END}, 2x H200 over NVLink. "
-                 f"Across p5en nodes over EFA: {NOT_MEASURED} here; the public reproduction "
-                 f"reports it working ({CITED}, {pub['date']}).")
-    else:
-        works = (f"{NOT_MEASURED} here: "
-                 + (ev.why_no_kernel() if not ev.kernel_run else "no passing deepep_v2 serve")
-                 + f". Cited: working on 2x p5en ({CITED}, {pub['date']}).")
+    cited = (f"Across p5en nodes over EFA: {NOT_MEASURED} here; the public reproduction reports "
+             f"16 of 16 ranks passing ({CITED}, {pub['date']}).")
+    if not (ev.kernel_run and ev.deepep_serve):
+        missing = ev.why_no_kernel() if not ev.kernel_run else "no passing deepep_v2 serve"
+        return [f"**{NOT_MEASURED} here** ({missing}).", cited]
+    tokens = sorted(set(ev.kernel[ev.kernel["run"] == ev.kernel_run.run_id]["tokens"]))
+    engine = figures.engine_said(ev.deepep_serve, "04_serve")
+    failed = _graphs_on(ev, "deepep_v2")
+    failed = failed[failed["ratio"].isna()]
+    lines = [f"**Yes on one host{', eager only' if len(failed) else ''}**: DeepEP's test_ep "
+             f"passes its correctness checks on every rank at {', '.join(map(str, tokens))} "
+             f"tokens ({run_link(ev.kernel_run.run_id)}), and {engine} serves with "
+             f"`--all2all-backend deepep_v2 --enforce-eager`, proven in its log "
+             f"({run_link(ev.deepep_serve.run_id)}); {END_TO_END}, 2x H200 over NVLink."]
+    if len(failed):
+        run = failed["run"].iloc[-1]
+        why = " ".join(str(failed["why_not"].iloc[-1]).split())[:140]
+        lines.append(f"**With CUDA graphs it does not**: "
+                     f"{figures.engine_said(by_id(ev.runs)[run], '06_multicomm')} on deepep_v2 "
+                     f"served no request ({run_link(run)}, {END_TO_END}: {why}); vLLM #52894 "
+                     "reports the same mode crashing upstream.")
+    return lines + [cited]
+
+
+def fast_answer(ev: Evidence) -> list[str]:
+    pub = ev.published_kernel
+    served = ev.serving[(ev.serving["stage"] == "05_sweep")
+                        & (ev.serving["backend"] == "deepep_v2")] \
+        if "backend" in ev.serving else ev.serving.iloc[0:0]
     if ev.kernel_run:
-        at = [f"{_fmt(ev.kernel_row('DeepEP test_ep', t))}" for t in (128, 512, 4096)]
-        fast = (f"test_ep dispatch+combine p50 **{' / '.join(at)} us** at 128 / 512 / 4096 tokens "
-                f"per rank on 2x H200 over NVLink ({END_TO_END}, {run_link(ev.kernel_run.run_id)}),"
-                f" against {cited_kernel}: other hardware, not a comparison. Served figures are of "
-                f"a 2-layer model on one host: {{ref}}`results <served>`.")
+        at = {t: ev.kernel_row("DeepEP test_ep", t) for t in (128, 512, 4096)}
+        kernel = (f"Kernel: test_ep dispatch+combine p50 **{' / '.join(_fmt(v) for v in at.values())}"
+                  f" us** at {' / '.join(map(str, at))} tokens per rank, EP 2 over NVLink on "
+                  f"2x H200 ({END_TO_END}, {run_link(ev.kernel_run.run_id)}).")
     else:
-        fast = f"Kernel: {NOT_MEASURED} here ({ev.why_no_kernel()}); {cited_kernel}."
-    backend = ev.ratios[(ev.ratios["lever"] == "deepep_v2 / allgather_reducescatter")
-                        & ev.ratios["ratio"].notna()]
-    graphs = ev.ratios[(ev.ratios["lever"] == "graphs+EP / eager+EP") & ev.ratios["ratio"].notna()]
-    parts = []
-    if len(backend):
-        parts.append(f"deepep_v2 / allgather_reducescatter output tok/s "
-                     f"**{backend['ratio'].min():.2f} to {backend['ratio'].max():.2f}** over "
-                     f"{len(backend)} cells ({int(backend['rounds'].min())} rounds each, no "
-                     f"interval below {MIN_ROUNDS_FOR_INTERVAL}) on 2x H200 "
-                     f"({END_TO_END}, {run_link(backend['run'].iloc[-1])})")
+        kernel = f"Kernel: {NOT_MEASURED} here ({ev.why_no_kernel()})."
+    lines = [kernel]
+    if len(served):
+        best = served.loc[served["output_tps"].idxmax()]
+        run = by_id(ev.runs)[best["run"]]
+        shape = f" ({best['shape_said']})" if best.get("shape_said") else ""
+        lines.append(f"Served: {best['engine']} with deepep_v2, **{best['output_tps']:.0f} output "
+                     f"tok/s, {best['output_tps_per_gpu']:.0f} per GPU**, at concurrency "
+                     f"{best['concurrency']}{shape}, serving {answer_words.served_model(run.path)}"
+                     f" (the default model's per-layer shape) on {best['place']} over NVLink "
+                     f"({END_TO_END}, {run_link(run.run_id)}).")
     else:
-        parts.append(f"deepep_v2 against allgather_reducescatter: {NOT_MEASURED}")
-    if len(graphs):
-        parts.append(f"CUDA graphs / eager **{graphs['ratio'].min():.2f} to "
-                     f"{graphs['ratio'].max():.2f}** ({run_link(graphs['run'].iloc[-1])}, "
-                     f"{graphs_backend(ev, graphs['run'].iloc[-1])})")
+        lines.append(f"Served: {NOT_MEASURED} here (no vLLM deepep_v2 sweep on GPUs).")
+    epnc1, epnc8 = (published_serving("epnc1", 32), published_serving("epnc8", 32))
+    gpus = published_gpus()
+    lines.append(f"Across 2x p5en over EFA, EP 16 ({CITED}): test_ep {pub['p50_us']:.1f} us at "
+                 f"{pub['tokens']} tokens ({pub['date']}); Qwen3-30B-A3B-FP8 served at "
+                 f"concurrency 32, {epnc1['output_tps']:.1f} tok/s ({epnc1['output_tps'] / gpus:.1f}"
+                 f" per GPU, ITL p50 {epnc1['itl_p50_ms']:.0f} ms) with EP_NUM_COMMS 1 and "
+                 f"{epnc8['output_tps']:.1f} ({epnc8['output_tps'] / gpus:.1f} per GPU, ITL p50 "
+                 f"{epnc8['itl_p50_ms']:.0f} ms) with 8 (2026-07-07). Another model, transport "
+                 "and scale than ours: set beside, never divided.")
+    return lines
+
+
+def published_gpus() -> int:
+    """The GPUs of the public reproduction's serve, as its hardware line says them ("16x H200")."""
+    return int(re.search(r"(\d+)x H\d+", published.HARDWARE).group(1))
+
+
+def published_serving(arm: str, concurrency: int) -> dict:
+    table = published.reference_figures().set_index("figure")["value"]
+    return {metric: float(table[published.serving_figure_name(arm, concurrency, metric)])
+            for metric in ("output_tps", "itl_p50_ms")}
+
+
+def _lever_cells(ev: Evidence, rows: pd.DataFrame) -> tuple[str, list]:
+    """The latest run's measured cells of one lever."""
+    rows = rows[rows["ratio"].notna()]
+    if not len(rows):
+        return "", []
+    run = rows["run"].iloc[-1]
+    return run, answer_words.cells_of(rows[rows["run"] == run])
+
+
+def beats_answer(ev: Evidence) -> list[str]:
+    ratios = ev.ratios
+    run, cells = _lever_cells(ev, ratios[ratios["lever"] == "deepep_v2 / allgather_reducescatter"])
+    lines, every = [], []
+    if cells:
+        every += cells
+        lines.append(answer_words.comparison("deepep_v2", "allgather_reducescatter", cells,
+                                             how_sure=False, unstable=False)
+                     + f"; output tok/s, {figures.engine_said(by_id(ev.runs)[run], '05_sweep')}"
+                       f" on 2x H200 ({END_TO_END}, {run_link(run)}).")
+        unstable = answer_words.unstable_said("deepep_v2", "allgather_reducescatter", cells)
+        if unstable:
+            lines.append(unstable[0].upper() + unstable[1:] + ".")
+    else:
+        lines.append(f"**deepep_v2 against allgather_reducescatter: {NOT_MEASURED} here.**")
+    run, cells = _lever_cells(ev, _graphs_on(ev, "allgather_reducescatter"))
+    if cells:
+        every += cells
+        lines.append("CUDA graphs: " + answer_words.comparison(
+            "graphs+EP", "eager+EP", cells, how_sure=False).replace("**", "")
+            + f" on allgather_reducescatter ({run_link(run)}); on deepep_v2 graphs serve nothing "
+              "(question 1).")
+    run, cells = _lever_cells(ev, ratios[ratios["lever"] == "eager, no EP / eager+EP"])
+    if cells:
+        every += cells
+        backend = by_id(ev.runs)[run].serving.replace("vLLM, ", "")
+        lines.append("Expert parallelism itself: " + answer_words.comparison(
+            "eager without EP", "eager+EP", cells, how_sure=False).replace("**", "")
+            + f" on {backend} ({run_link(run)}).")
     epnc = published_epnc_ratio()
-    parts.append(f"EP_NUM_COMMS 8 / 1: {NOT_MEASURED} here (a lever of DeepEP's GIN across "
-                 f"nodes); cited {epnc:.2f}x output tok/s at c32 ({CITED}, 2026-07-07)")
-    return [works, fast, "; ".join(parts) + ".", training.training_answer(ev.runs, run_link)]
+    lines.append(f"EP_NUM_COMMS 8 against 1: {NOT_MEASURED} here (a lever of DeepEP's GIN across "
+                 f"nodes; one host runs with GIN off); cited {epnc:.2f}x output tok/s at "
+                 f"concurrency 32 on 2x p5en, one run per arm ({CITED}, 2026-07-07).")
+    if every:
+        lines.append(f"How sure: {answer_words.how_sure_said(every)}; every round is on the "
+                     "results page.")
+    return lines
 
 
 def graphs_backend(ev: Evidence, run_id: str) -> str:
@@ -177,10 +280,14 @@ def published_epnc_ratio(concurrency: int = 32) -> float:
 
 
 def landing_page(template: str, ev: Evidence) -> str:
-    lines = [f"{i}. **{q}**  \n   {a}" for i, ((_, q), a) in
-             enumerate(zip(QUESTIONS, answers(ev)), start=1)]
-    return template.replace("<!-- answers -->", "\n".join(lines) + "\n\nThe evidence for each "
-                            "answer, with plots: [Results](results.md).")
+    """The template's `<!-- answers -->` replaced: per question a heading, its one-line answer,
+    then the lines it rests on as a list."""
+    out = []
+    for i, ((anchor, question), lines) in enumerate(zip(QUESTIONS, answers(ev)), start=1):
+        out.append(f"## {i}. {question}\n\n{lines[0]}\n")
+        out += [f"- {line}" for line in lines[1:]]
+        out.append(f"\nThe evidence, with plots: {{ref}}`results <{anchor}>`.\n")
+    return template.replace("<!-- answers -->", "\n".join(out))
 
 
 # --- results page ---------------------------------------------------------------------------
@@ -255,32 +362,39 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
         out.append(f"{NOT_MEASURED}: {ev.why_no_kernel()}.\n")
     else:
         plots.kernel_plot(kernel, ev.published_kernel, figures_dir)
-        out.append("![dispatch+combine p50 against tokens per rank](figures/kernel.png)\n")
+        out.append(figure_md(plots.kernel_spec(kernel, ev.published_kernel)))
         out.append(sets_said(ev, kernel["run"]) + "\n")
         table = kernel.pivot_table(index=["run", "tokens"], columns="series",
                                    values="p50_us").round(1).reset_index()
         sets = {r.run_id: r.pin_set for r in ev.runs}
         table.insert(1, "pin set", table["run"].map(sets))
         table["run"] = table["run"].map(run_link)
-        out.append(_md_table(table.astype(object).where(table.notna(), NOT_MEASURED)))
+        out.append(dropdown(f"Every kernel figure: {len(table)} rows (run, tokens, series)",
+                            _md_table(table.astype(object).where(table.notna(), NOT_MEASURED))))
         pub = ev.published_kernel
         out.append(f"\nEvery run: 2x H200 over NVLink, EP2, GIN off ({END_TO_END}); the star is "
                    f"{pub['series']} at {pub['tokens']} tokens, {pub['p50_us']:.1f} us "
                    f"({pub['hardware']}; {pub['source']}, {pub['date']}): the same kernels and "
-                   "shape on other hardware, shown for scale, not compared. Data: "
-                   "[kernel.csv](figures/kernel.csv).\n")
+                   "shape on other hardware, shown for scale, not compared.\n")
     out += ["(served)=", "### Served\n"]
     if ev.serving.empty:
         out.append(f"{NOT_MEASURED}: no vLLM run that may feed results has a sweep.\n")
         return out
     plots.serving_plot(ev.serving, figures_dir)
     plots.latency_plot(ev.serving, figures_dir)
-    out.append("vLLM 0.24.0, DP = EP = 2 on 2x H200 over NVLink, a 2-layer seeded model at the "
-               "default model's per-layer shape (not the full model), AIPerf against the server: "
-               f"{END_TO_END}. Not comparable with the public 2x p5en serving figures (other "
-               "model and hardware): see [comparison](comparison.md).\n")
-    out.append("![output tok/s against concurrency per arm](figures/serving.png)\n")
-    out.append("![TTFT and ITL p50 and p99 against concurrency](figures/latency.png)\n")
+    first = ev.serving.iloc[0]
+    out.append(f"{first['engine']}, DP = EP = {first['gpus']} on {first['place']} over NVLink, "
+               "a seeded model of the default model's per-layer shape (not the full model), "
+               f"AIPerf against the server: {END_TO_END}. Output tok/s is read per GPU. Not "
+               "comparable with the public 2x p5en serving figures (other model and hardware): "
+               "see [comparison](comparison.md).\n")
+    served = plots.serving_figures(ev.serving)
+    more = served[1:] + plots.latency_figures(ev.serving)
+    out.append(figure_md(served[0]))
+    if more:
+        out.append(dropdown(f"{len(more)} more served figures: the other comparisons' "
+                            "output tok/s per GPU, and every comparison's latencies",
+                            "\n".join(figure_md(spec) for spec in more)))
     out.append(sets_said(ev, ev.serving["run"]) + "\n")
     sets = {r.run_id: r.pin_set for r in ev.runs}
     table = pd.DataFrame({
@@ -290,11 +404,14 @@ def fast_section(ev: Evidence, figures_dir: Path) -> list[str]:
         "output tok/s (min to max)": [f"{m:.0f} ({lo:.0f} to {hi:.0f}), {n} repeats" for m, lo, hi, n
                                       in zip(ev.serving["output_tps"], ev.serving["output_tps_min"],
                                              ev.serving["output_tps_max"], ev.serving["repeats"])],
+        "per GPU": [f"{v:.0f}" if pd.notna(v) else NOT_MEASURED
+                    for v in ev.serving.get("output_tps_per_gpu", pd.Series(dtype=float))],
         "TTFT p50 / p99 (ms)": [f"{a:.0f} / {b:.0f}" for a, b in
                                 zip(ev.serving["ttft_p50_ms"], ev.serving["ttft_p99_ms"])],
         "ITL p50 / p99 (ms)": [f"{a:.1f} / {b:.1f}" for a, b in
                                zip(ev.serving["itl_p50_ms"], ev.serving["itl_p99_ms"])]})
-    out.append(_md_table(table))
+    out.append(dropdown(f"Every served cell: {len(table)} rows (run, arm, concurrency)",
+                        _md_table(table)))
     dropped = ev.cells[~ev.cells["measured"]]
     if len(dropped):
         counts = dropped.groupby(["run", "stage", "arm"]).size()
@@ -311,10 +428,11 @@ def beats_section(ev: Evidence, figures_dir: Path) -> list[str]:
     ratios = ev.ratios
     if ratios["ratio"].notna().any():
         plots.lever_plot(ratios, figures_dir)
-        out.append("![each ratio and every paired round](figures/levers.png)\n")
+        out.append(figure_md(plots.lever_spec(ratios)))
         out.append(sets_said(ev, ratios["run"]) + "\n")
     notes = Notes()
-    out += [_md_table(lever_table(ev, notes)), notes.markdown()]
+    out += [dropdown(f"Every ratio: {len(ratios)} rows (lever, cell, rounds)",
+                     _md_table(lever_table(ev, notes)) + "\n" + notes.markdown())]
     epnc = published_epnc_ratio()
     out.append(f"\nA round pairs the two arms measured back to back, so each round's b / a is "
                f"read beside the ratio of medians; with fewer than {MIN_ROUNDS_FOR_INTERVAL} "
@@ -340,7 +458,8 @@ def lever_table(ev: Evidence, notes: Notes) -> pd.DataFrame:
                   for r, why in zip(ratios["ratio"], ratios["why_not"])],
         "interval (95%)": [f"{lo:.3f} to {hi:.3f}, {n} rounds"
                            if lo is not None and pd.notna(lo) else
-                           f"none: {n} rounds, under {MIN_ROUNDS_FOR_INTERVAL}"
+                           f"{n} rounds: no interval (needs {MIN_ROUNDS_FOR_INTERVAL}); each "
+                           "round plotted"
                            for lo, hi, n in zip(ratios["low"], ratios["high"], ratios["rounds"])],
         "each round": ratios["each_round"].map(lambda v: ", ".join(f"{x:.3f}" for x in v)),
         "run (pin set)": [f"{run_link(run)} ({sets.get(run, '')})" for run in ratios["run"]],
@@ -393,6 +512,7 @@ def comparison_page(ev: Evidence, public_tree: pd.DataFrame | None) -> str:
         out.append(f"{CITED}; {published.HARDWARE}; read by `lib.measure.aiperf` from the "
                    "reproduction's own AIPerf exports, arms named from their folders:\n")
         out.append(_md_table(public_tree[cols].round(1).rename(columns=PUBLIC_TREE_HEADERS)))
+    out.append(sources.comparison_efa_section())
     return "\n".join(out)
 
 
@@ -434,7 +554,7 @@ def parameters_page() -> str:
             f"and checked when this book was built: **{tried} tried**, {verdict}. "
             "`tests/test_params_hostile.py` puts the same values through every notebook's first "
             "cell and checks that `results/` is unchanged after.\n\n"
-            + _md_table(pd.DataFrame(parameter_bounds_table())))
+            + _md_table(report.parameters_table(parameter_bounds_table())))
 
 
 # --- how close to the wire: each figure beside its transfer bound (lib.measure.bounds) -------
@@ -477,16 +597,16 @@ def bounds_section(ev: Evidence, figures_dir: Path) -> list[str]:
            "rank's bytes over each link at that link's bandwidth, plus NVLink's fixed cost fitted "
            "on the guide's own run; link figures and their sources in `lib/measure/links.yaml`. "
            "The bound is computed, **a bound, not a measurement**; measured / bound is 1 at the "
-           "wire. The guide's rows are read from the committed runs' test_ep logs when this book "
-           "is built, the cited ones from `lib/measure/cited_figures.yaml`. What the bound leaves "
-           "out, with these ratios as the evidence: [the transfer bound](bounds.md).\n",
-           "![measured D+C against the transfer bound across tokens, EP 2 to 64]"
-           "(figures/bounds.png)\n",
-           f"Solid lines: the bound on {figures.cluster_shape()['instance']} at EP "
-           + ", ".join(str(ep) for ep in figures.BOUND_EPS) + " (test_ep's shape, FP8 dispatch, "
-           "uniform routing); dashed: the other places a figure was measured at. Data: "
-           "[bounds.csv](figures/bounds.csv).\n",
-           _md_table(bounds_table(table, ev, notes)), notes.markdown()]
+           "bound. Over EFA the bound is the NICs' specification; **on NVLink it is NCCL's "
+           "all_to_all_single floor measured here**, not the wire, so a ratio of 1 there means "
+           "as fast as that NCCL call (the NVLink 4 wire, its specification, is drawn dotted "
+           "beside it). The guide's rows are read from the committed runs' test_ep logs when "
+           "this book is built, the figures others measured from "
+           "`lib/measure/cited_figures.yaml`, each row's figure linked to its source. What the "
+           "bound leaves out, with these ratios as the evidence: [the transfer bound](bounds.md).\n",
+           figure_md(plots.bounds_spec(lines, points)),
+           dropdown(f"Every figure beside its bound: {len(table)} rows",
+                    _md_table(bounds_table(table, ev, notes)) + "\n" + notes.markdown())]
     return out
 
 
@@ -514,3 +634,149 @@ def bounds_page(ev: Evidence, table: pd.DataFrame | None = None) -> str:
                    f"**{int((table['ratio'] < 1).sum())} below 1: the bound failed there.**")
                 + "\n\n" + _md_table(bounds_table(table, ev, notes)) + notes.markdown() + "\n")
     return head + computed + end + tail
+
+
+# --- run it on your cluster ------------------------------------------------------------------
+
+def stage_wall_s(run: Run, stage: str) -> float | None:
+    """The stage's wall time as papermill recorded it in the executed notebook's metadata."""
+    path = run.path / "notebooks" / f"{stage}.ipynb"
+    if not path.exists():
+        return None
+    duration = (evidence.read_json(path).get("metadata", {}).get("papermill") or {}).get("duration")
+    return float(duration) if duration else None
+
+
+def stage_costs(ev: Evidence) -> pd.DataFrame:
+    """Per stage, the latest run on real GPUs that passed it: its wall time, the GPUs it held and
+    the GPU-minutes they make; what the same wall time holds on a cluster of p5en nodes."""
+    from lib.stages import registry
+
+    nodes = registry.resolve("00_cluster", {"context": "plan"})["nodes"]
+    per_node = figures.cluster_shape()["ranks_per_node"]
+    rows = []
+    for stage in STAGES:
+        passed = [r for r in ev.runs if r.feeds_results and r.stages.get(stage) == "PASS"
+                  and stage_wall_s(r, stage)]
+        if not passed:
+            rows.append({"stage": stage, "wall time here": NOT_MEASURED, "GPUs here": "",
+                         "GPU-minutes here": "",
+                         f"GPU-minutes at that wall time on {nodes} nodes": "", "run": ""})
+            continue
+        run = passed[-1]
+        wall = stage_wall_s(run, stage)
+        gpus = len(figures.host_facts(run.path).get("gpus") or [])
+        rows.append({"stage": stage, "wall time here": f"{wall / 60:.1f} min",
+                     "GPUs here": f"{gpus}x {run.hardware.split('x ', 1)[-1].split(',')[0]}",
+                     "GPU-minutes here": f"{wall * gpus / 60:.1f}",
+                     f"GPU-minutes at that wall time on {nodes} nodes":
+                         f"{wall * nodes * per_node / 60:.0f}",
+                     "run": run_link(run.run_id)})
+    return pd.DataFrame(rows)
+
+
+def cluster_page(template: str, ev: Evidence) -> str:
+    """book/cluster.md with its table of what each stage cost on the GPUs here."""
+    from lib.stages import registry
+
+    p = registry.resolve("04_serve", {"context": "plan"})
+    table = (f"What each stage held on the GPUs here ({END_TO_END}), and what the same wall time "
+             f"holds on {p['nodes']} nodes of {p['instance_type']} ({p['nodes']} x "
+             f"{figures.cluster_shape()['ranks_per_node']} GPUs: every stage holds every GPU of "
+             "its nodes while it runs). A cluster adds what one host does not have: the image "
+             "pull, the model's download into `model_cache_dir`, pods scheduled across nodes. "
+             "A stage that hangs holds its nodes until its timeout: "
+             f"`schedule_timeout_s` {p['schedule_timeout_s']:.0f} s for pods to start, "
+             f"`server_timeout_s` {p['server_timeout_s']:.0f} s for a server to be ready, "
+             f"`job_timeout_s` {p['job_timeout_s']:.0f} s for a rank job "
+             "([parameters](parameters.md)).\n\n" + _md_table(stage_costs(ev)))
+    return template.replace("<!-- stage costs -->", table)
+
+
+# --- a stage's chapter: its best evidence ----------------------------------------------------
+
+# The results page's figure that answers each stage's question (drawn there, in book/figures/).
+STAGE_FIGURES = {
+    "03_kernel_test": [("kernel.png", "dispatch+combine p50 against tokens per rank")],
+    "05_sweep": [("serving.png", "output tok/s per GPU against concurrency, per backend")],
+    "06_multicomm": [("levers.png", "each lever's ratio with its paired rounds"),
+                     ("serving-levers.png", "output tok/s per GPU of each lever's arms")],
+    "07_train": [("training.png", "loss and grad norm per step")],
+}
+STAGE_ANSWER_ANCHORS = {"03_kernel_test": "fast", "04_serve": "works", "05_sweep": "beats",
+                        "06_multicomm": "beats", "07_train": "trains"}
+
+
+def stage_answer_lines(stage: str, ev: Evidence) -> list[str]:
+    """The landing's lines that this stage's evidence makes (computed once, in answers)."""
+    works, fast, beats = works_answer(ev), fast_answer(ev), beats_answer(ev)
+    return {"03_kernel_test": [fast[0], fast[-1]],
+            "04_serve": works,
+            "05_sweep": [fast[1], beats[0]],
+            "06_multicomm": beats[1:],
+            "07_train": training.training_answer(ev.runs, run_link)}.get(stage, [])
+
+
+def _kind_of(run: Run) -> str:
+    if run.feeds_results:
+        return "GPU"
+    return {"kube": "cluster control plane", "slurm": "Slurm", "plan": "plan"}.get(
+        run.context, "CPU")
+
+
+def stage_runs_table(stage: str, ev: Evidence) -> pd.DataFrame:
+    """The latest run of each kind (GPU, cluster control plane, Slurm, plan, CPU) that ran the
+    stage: its verdict there, its level and its gate counts."""
+    latest: dict[str, Run] = {}
+    for run in ev.runs:
+        if run.stages.get(stage, "not run") not in ("not run", "interrupted"):
+            latest[_kind_of(run)] = run
+    rows = []
+    for kind in ("GPU", "cluster control plane", "Slurm", "plan", "CPU"):
+        run = latest.get(kind)
+        if run is None:
+            continue
+        counts = evidence.summarize_gates(evidence.read_gates(run.path / stage) or [])
+        rows.append({"kind": kind, "run": run_link(run.run_id, "../"),
+                     "stage": run.stages[stage],
+                     "gates": ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+                     "level": _level(run)})
+    return pd.DataFrame(rows)
+
+
+def stage_evidence(stage: str, ev: Evidence, figures_dir: Path) -> str:
+    """A stage chapter's section after its prose: what the best evidence says (the landing's
+    lines this stage makes, with the results page's figure), then the latest run of each kind
+    that ran the stage. The CPU run is labelled a check of the guide, never a figure."""
+    out = ["\n## What the best evidence says\n"]
+    lines = [line.replace("](runs/", "](../runs/") for line in stage_answer_lines(stage, ev)]
+    if lines:
+        out += [f"- {line}" for line in lines]
+        anchor = STAGE_ANSWER_ANCHORS[stage]
+        out.append(f"\nAll of it, with every round and run: {{ref}}`results <{anchor}>`.\n")
+    else:
+        out.append("This stage measures no figure: its gates are its answer, per run below.\n")
+    for png, alt in STAGE_FIGURES.get(stage, []):
+        if (Path(figures_dir) / png).exists():
+            out.append(f"![{alt}](../figures/{png})\n")
+    table = stage_runs_table(stage, ev)
+    out.append("## Every kind of run of this stage\n")
+    if table.empty:
+        out.append(f"{NOT_MEASURED}: no committed run ran this stage.\n")
+    else:
+        out.append("The latest run of each kind. Only a GPU run measures a figure; a CPU, "
+                   "control-plane, Slurm-on-one-host or plan run is a check of the guide itself, "
+                   "not a performance figure ([verification levels](../intro.md#verification-levels)"
+                   ").\n")
+        out.append(_md_table(table))
+    return "\n".join(out) + "\n"
+
+
+def stages_index(template: str) -> str:
+    """book/stages/index.md with the registry's table of stages (name, question, what it proves)."""
+    from lib.stages.registry import SPECS
+
+    table = pd.DataFrame([{"stage": f"[{name[:2]} · {spec.title.split(':')[0]}]({name}.ipynb)",
+                           "asks": spec.title.split(": ", 1)[-1], "proves": spec.proves}
+                          for name, spec in SPECS.items()])
+    return template.replace("<!-- stages -->", _md_table(table))

@@ -9,13 +9,14 @@ the number is absent, and the page says "not measured" with the reason.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from lib.core import evidence
 from lib.engines import vllm_logs
-from lib.measure import bounds, published
+from lib.measure import bounds, published, serving
 from lib.measure.stats import MIN_ROUNDS_FOR_INTERVAL
 from lib.publish.catalog import REFERENCE_FILE, Run, host_facts
 
@@ -67,12 +68,94 @@ def _vllm_served(run: Run) -> bool:
     return run.feeds_results and (run.path / "04_serve" / "vllm_serve.json").exists()
 
 
+# What a serving figure needs to say beside each number: how many GPUs one server spans (output
+# tok/s is read per GPU), where, which engine, and what each arm and traffic shape is.
+# `comparison`, by which the plots group their figures: "backends" (05's backend A/B), "sweep"
+# (05's one arm) or "levers" (06's arms, lib.stages.lever.ARMS); `arm_order` 0 is the arm the
+# others are compared with (a of each b / a).
+SERVING_FACTS = ["gpus", "place", "engine", "date", "comparison", "backend", "arm_label",
+                 "arm_order", "shape", "shape_said"]
+NO_EP = "none (no EP)"  # an arm without expert parallelism builds no all-to-all of any backend
+_VERSION_LINE = re.compile(r"\bversion (\d+\.\d+\.\d+\S*)")
+
+
+def serving_gpus(run: Run) -> int | None:
+    """GPUs one vLLM server of the run spans: 04's vllm_serve.json `gpus` (DP = EP over every
+    node of the place; 05's and 06's arm servers are started on the same place, lib.stages.ab),
+    else the run's host GPUs times its nodes; None where neither was recorded."""
+    served = evidence.read_json(run.path / "04_serve" / "vllm_serve.json")
+    if served.get("gpus"):
+        return int(served["gpus"])
+    gpus = len(host_facts(run.path).get("gpus") or [])
+    nodes = (run.record.get("parameters") or {}).get("nodes") or 1
+    return gpus * int(nodes) or None
+
+
+def place_said(run: Run, gpus: int | None) -> str:
+    """'2x H200': the GPUs one server spans and their model, from the run's host facts."""
+    names = sorted({str(g.get("name", "GPU")).replace("NVIDIA ", "")
+                    for g in host_facts(run.path).get("gpus") or []})
+    if not names:
+        return run.hardware
+    return f"{gpus or '?'}x {' + '.join(names)}"
+
+
+def engine_said(run: Run, stage: str) -> str:
+    """'vLLM 0.24.0': the version vLLM's start-up banner printed in the stage's first server log
+    (else 04's); 'vLLM' where no log says it."""
+    logs = sorted((run.path / stage).glob("vllm*.log")) + [run.path / "04_serve" / "vllm.log"]
+    for log in logs:
+        if not log.exists():
+            continue
+        with log.open(encoding="utf-8", errors="replace") as fh:
+            head = fh.read(200_000)  # the banner comes in the first lines
+        found = _VERSION_LINE.search(head)
+        if found:
+            return f"vLLM {found.group(1)}"
+    return "vLLM"
+
+
+def serving_arms(run: Run, stage: str) -> dict[str, dict]:
+    """summary.csv's arm -> what it is: its label as the gates say it, its all-to-all backend,
+    its traffic shape (lib.measure.serving.traffic_shapes) and the stage's comparison. An arm no
+    stage knows keeps its own name."""
+    from lib.stages import ab, lever
+
+    path = run.path / stage / "params.json"
+    params = evidence.read_json(path) if path.exists() else {}
+    backend = params.get("all2all_backend", "")
+    if stage == "06_multicomm":
+        comparison, arms = "levers", lever.ARMS
+    elif params.get("ab_backends"):
+        comparison, arms = "backends", ab.backend_arms(params["ab_backends"])
+    else:
+        comparison = "sweep"
+        arms = (serving.Arm(backend or params.get("engine", "vllm"), params.get("engine", "vllm")),)
+    try:
+        shapes = serving.traffic_shapes(params, prefill=comparison == "backends")
+    except KeyError:  # a stage recorded before its shape was a parameter
+        shapes = ()
+    facts = {}
+    for order, arm in enumerate(arms):  # order 0: the arm the others are compared with (a)
+        for shape in shapes or (None,):
+            name = arm.slug if shape is None else serving.cell_arm(arm, shape, shapes)
+            facts[name] = {
+                "comparison": comparison, "arm_label": arm.name, "arm_order": order,
+                "backend": (arm.backend or backend) if arm.expert_parallel else NO_EP,
+                "shape": shape.name if shape and len(shapes) > 1 else "",
+                "shape_said": (f"{shape.name}: {shape.input_tokens} tokens in, "
+                               f"{shape.output_tokens} out" if shape else "")}
+    return facts
+
+
 def serving_cells(runs: list[Run]) -> pd.DataFrame:
-    """Every AIPerf cell of every vLLM run (05 and 06), with whether it may be plotted."""
+    """Every AIPerf cell of every vLLM run (05 and 06), with whether it may be plotted and
+    SERVING_FACTS (the GPUs one server spans, place, engine, what the arm is)."""
     frames = []
     for run in runs:
         if not _vllm_served(run):
             continue
+        gpus = serving_gpus(run)
         for stage in SERVING_STAGES:
             path = run.path / stage / "summary.csv"
             if not path.exists():
@@ -83,40 +166,74 @@ def serving_cells(runs: list[Run]) -> pd.DataFrame:
             complete = (cells["requests_completed"] == cells["requests_requested"]) \
                 & (cells["errors"] == 0) & cells["output_tps"].notna()
             cells["measured"] = complete
+            arms = serving_arms(run, stage)
+            fallback = {"comparison": "sweep", "backend": "", "shape": "", "shape_said": "",
+                        "arm_order": 0}
+            for column in ("comparison", "backend", "arm_label", "arm_order", "shape",
+                           "shape_said"):
+                cells[column] = [arms.get(arm, {**fallback, "arm_label": arm})[column]
+                                 for arm in cells["arm"]]
+            cells["gpus"] = gpus
+            cells["place"] = place_said(run, gpus)
+            cells["engine"] = engine_said(run, stage)
+            cells["date"] = run.date
             frames.append(cells)
     if not frames:
         return pd.DataFrame(columns=["run", "stage", "arm", "concurrency", "repeat",
-                                     "output_tps", "measured", *LATENCIES])
+                                     "output_tps", "measured", *LATENCIES, *SERVING_FACTS])
     return pd.concat(frames, ignore_index=True)
 
 
 def serving_points(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per run, stage, arm and concurrency: output tok/s median with the repeats' spread, and the
-    latency percentiles' medians, over the measured cells only."""
+    """Per run, stage, arm and concurrency: output tok/s median with the repeats' spread, the
+    same per GPU (divided by the GPUs one server spans), and the latency percentiles' medians,
+    over the measured cells only; with SERVING_FACTS."""
     measured = cells[cells["measured"]]
+    per_gpu = ["output_tps_per_gpu", "output_tps_per_gpu_min", "output_tps_per_gpu_max"]
     if measured.empty:
         return pd.DataFrame(columns=["run", "stage", "arm", "concurrency", "repeats",
                                      "output_tps", "output_tps_min", "output_tps_max",
-                                     *LATENCIES])
-    grouped = measured.groupby(["run", "stage", "arm", "concurrency"])
+                                     *LATENCIES, *SERVING_FACTS, *per_gpu])
+    keys = ["run", "stage", "arm", "concurrency"]
+    grouped = measured.groupby(keys)
     points = grouped["output_tps"].agg(["median", "min", "max", "count"]).rename(columns={
         "median": "output_tps", "min": "output_tps_min", "max": "output_tps_max",
         "count": "repeats"})
     points = points.join(grouped[list(LATENCIES)].median())
-    return points.reset_index()
+    facts = [c for c in SERVING_FACTS if c in measured]
+    points = points.join(grouped[facts].first()).reset_index()
+    if "gpus" in points:
+        gpus = pd.to_numeric(points["gpus"], errors="coerce")
+        for total, each in zip(("output_tps", "output_tps_min", "output_tps_max"), per_gpu):
+            points[each] = points[total] / gpus
+    return points
+
+
+LEVER_COLUMNS = ["run", "stage", "lever", "shape", "concurrency", "rounds", "ratio", "low",
+                 "high", "each_round", "a_tps", "b_tps", "why_not", "comparison", "backend", "place", "engine",
+                 "date"]
 
 
 def lever_ratios(runs: list[Run]) -> pd.DataFrame:
     """Every A/B ratio (05's backend A/B, 06's levers) of every run that may feed results, with
-    each paired round's own ratio; an interval only from MIN_ROUNDS_FOR_INTERVAL rounds."""
+    each paired round's own ratio; an interval only from MIN_ROUNDS_FOR_INTERVAL rounds; and
+    what the plot says beside it: the stage's comparison and all-to-all backend, the place (the
+    GPUs one server spans), the engine and the run's date."""
     rows = []
     for run in runs:
         if not _vllm_served(run):
             continue
+        gpus = serving_gpus(run)
         for stage in SERVING_STAGES:
             path = run.path / stage / "ratios.json"
             if not path.exists():
                 continue
+            params_path = run.path / stage / "params.json"
+            params = evidence.read_json(params_path) if params_path.exists() else {}
+            facts = {"comparison": "levers" if stage == "06_multicomm" else "backends",
+                     "backend": params.get("all2all_backend", ""),
+                     "place": place_said(run, gpus), "engine": engine_said(run, stage),
+                     "date": run.date}
             for r in evidence.read_json(path):
                 a, b = r.get("a_tps") or [], r.get("b_tps") or []
                 rounds = [y / x for x, y in zip(a, b) if x]
@@ -127,11 +244,10 @@ def lever_ratios(runs: list[Run]) -> pd.DataFrame:
                     "rounds": r["n"], "ratio": r["ratio"],
                     "low": r["low"] if with_interval else None,
                     "high": r["high"] if with_interval else None,
-                    "each_round": rounds,
+                    "each_round": rounds, "a_tps": list(a), "b_tps": list(b),
                     "why_not": "" if r["ratio"] is not None else not_measured_reason(
-                        run.path / stage, r["b"])})
-    return pd.DataFrame(rows, columns=["run", "stage", "lever", "shape", "concurrency", "rounds",
-                                       "ratio", "low", "high", "each_round", "why_not"])
+                        run.path / stage, r["b"]), **facts})
+    return pd.DataFrame(rows, columns=LEVER_COLUMNS)
 
 
 def not_measured_reason(stage_dir: Path, arm: str) -> str:
@@ -222,7 +338,12 @@ def _place_label(ep: int, instance: str, nodes: int, dtype: str) -> str:
 def bound_lines(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The D+C bound across tokens (powers of two from the stage's least test_ep token count to
     the most of its own and of any point) for EP 8, 16, 32 and 64 on the cluster's instance,
-    and for each other place a point was measured at; and the points, each naming its line."""
+    and for each other place a point was measured at; and the points, each naming its line.
+    Each line says what bounds it (`basis`: bounds.link_label, e.g. NCCL's all_to_all_single
+    floor measured here, or the EFA NICs' specification) and is `kind` "bound" (the bound every
+    ratio is taken against); where a place's NVLink figure is a measured curve and a point was
+    measured there, a `kind` "wire" line beside it: the same bytes over the link's specification
+    (bounds.wire_nvlink; links.yaml gives it no fixed cost), never a ratio's denominator."""
     shape = cluster_shape()
     most = max([*shape["tokens"], *points["tokens"]]) if len(points) else max(shape["tokens"])
     grid = [2 ** k for k in range(int(math.log2(min(shape["tokens"]))),
@@ -233,19 +354,30 @@ def bound_lines(points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     points = points.assign(line=[
         _place_label(int(p.nodes * p.ranks_per_node), p.instance, int(p.nodes), p.dispatch_dtype)
         for p in points.itertuples()])
+    measured_at = set()
     for p in points.itertuples():
-        places.add((int(p.nodes * p.ranks_per_node), p.instance, int(p.nodes),
-                    int(p.ranks_per_node), p.dispatch_dtype))
+        place = (int(p.nodes * p.ranks_per_node), p.instance, int(p.nodes), int(p.ranks_per_node),
+                 p.dispatch_dtype)
+        places.add(place)
+        measured_at.add(place)
     lines = []
     for ep, instance, nodes, per_node, dtype in sorted(places):
-        answer = bounds.tokens_bounds(grid, hidden=shape["hidden"], topk=shape["topk"],
-                                      experts=shape["experts"], ranks_per_node=per_node,
-                                      nodes=nodes, instance=instance, dispatch_dtype=dtype)
-        lines += [{"line": _place_label(ep, instance, nodes, dtype), "ep": ep,
-                   "instance": instance, "cluster": (instance, per_node, dtype) == (
-                       shape["instance"], shape["ranks_per_node"], "fp8"),
-                   "tokens": row["tokens"], "bound_us": row["D+C bound (us)"]}
-                  for row in answer["rows"]]
+        wire = bounds.wire_nvlink(instance) if (
+            nodes == 1 and (ep, instance, nodes, per_node, dtype) in measured_at) else None
+        for kind, nvlink in (("bound", None), ("wire", wire)):
+            if kind == "wire" and wire is None:
+                continue
+            answer = bounds.tokens_bounds(grid, hidden=shape["hidden"], topk=shape["topk"],
+                                          experts=shape["experts"], ranks_per_node=per_node,
+                                          nodes=nodes, instance=instance, dispatch_dtype=dtype,
+                                          nvlink=nvlink)
+            lines += [{"line": _place_label(ep, instance, nodes, dtype), "ep": ep,
+                       "instance": instance, "nodes": nodes, "kind": kind,
+                       "basis": answer["label"],
+                       "cluster": kind == "bound" and (instance, per_node, dtype) == (
+                           shape["instance"], shape["ranks_per_node"], "fp8"),
+                       "tokens": row["tokens"], "bound_us": row["D+C bound (us)"]}
+                      for row in answer["rows"]]
     return pd.DataFrame(lines), points
 
 
@@ -291,7 +423,8 @@ def training_ep(run: Run) -> int | None:
 
 def training_steps(runs: list[Run]) -> pd.DataFrame:
     """One row per step of every run whose 07 is shown (training_level): loss, grad norm, the
-    token copies sent to other ranks' experts (all ranks summed), its level and 07's state."""
+    token copies sent to other ranks' experts (all ranks summed), its level, 07's state and the
+    run's hardware."""
     rows = []
     for run in runs:
         level = training_level(run)
@@ -301,9 +434,10 @@ def training_steps(runs: list[Run]) -> pd.DataFrame:
             rows.append({"run": run.run_id, "step": int(s["step"]), "loss": float(s["loss"]),
                          "grad_norm": float(s["grad norm"]),
                          "crossing": int(s["sent to other ranks"]), "ranks": int(s["ranks"]),
-                         "level": level, "state": run.stages[TRAIN_STAGE]})
+                         "level": level, "state": run.stages[TRAIN_STAGE],
+                         "hardware": run.hardware})
     return pd.DataFrame(rows, columns=["run", "step", "loss", "grad_norm", "crossing", "ranks",
-                                       "level", "state"])
+                                       "level", "state", "hardware"])
 
 
 def training_summary(runs: list[Run]) -> pd.DataFrame:

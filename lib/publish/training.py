@@ -96,12 +96,13 @@ def training_section(runs: list[Run], figures_dir: Path, link: Link) -> list[str
         out.append(f"{NOT_MEASURED}: no committed run that may be shown here ran 07.\n")
     else:
         plots.training_plot(steps, figures_dir)
-        out.append("![loss and grad norm per step, a line per run](figures/training.png)\n")
+        spec = plots.training_spec(steps)
+        out.append(f"![{spec.alt}](figures/{spec.png})\n\n{spec.caption}\n")
         passed = int((summary["state"] == "PASS").sum())
         out.append(f"{len(summary)} runs shown, {passed} passing. Data: "
-                   "[training.csv](figures/training.csv).\n")
+                   f"[{spec.data}](figures/{spec.data}).\n")
     out.append(report._md_table(training_table(summary, link)))
-    out.append(f"\n**The public figure is cited, not compared.** The public reproduction's gate "
+    out.append(f"\n**The public figure is cited, not compared** ({pub['source']}). The public reproduction's gate "
                f"5 ran Megatron-LM with its own DeepEP-V2 ElasticBuffer patch on "
                f"{pub['hardware']}: {pub['model']}, {pub['steps']} steps; loss "
                f"{_arrow(pub['loss'])}, grad norm {_arrow(pub['grad_norm'])}, EFA TX "
@@ -114,35 +115,37 @@ def training_section(runs: list[Run], figures_dir: Path, link: Link) -> list[str
     return out
 
 
-def training_answer(runs: list[Run], link: Link) -> str:
-    """The landing page's line: the latest passing GPU run, the CPU reference, the cited
-    public gate, each with its level; FAILed runs counted as such."""
+def training_answer(runs: list[Run], link: Link) -> list[str]:
+    """The landing page's answer: its first line the latest passing GPU run (or why there is
+    none), then the CPU reference, the FAILed runs counted as such, and the cited public gate,
+    each with its level."""
     summary = figures.training_summary(runs)
     gpu = summary[(summary["level"] != figures.CPU_TRAINING) & (summary["state"] == "PASS")]
     cpu = summary[(summary["level"] == figures.CPU_TRAINING) & (summary["state"] == "PASS")]
     failed = summary[summary["state"] == "FAIL"]
-    parts = []
+    lines = []
     if len(gpu):
         g = gpu.iloc[-1]
         crossing = ("no token crosses a GPU at EP 1, so the all-to-all across GPUs is "
                     f"{NOT_MEASURED} here" if g.ep == 1 else
                     f"{crossing_said(g)} token copies crossed ranks per step")
-        parts.append(f"**Yes on {g.hardware}, EP {g.ep}**: megatron-core's alltoall dispatcher "
+        lines.append(f"**Yes on {g.hardware}, EP {g.ep}**: megatron-core's alltoall dispatcher "
                      f"trained {g.steps} steps, loss {g.first_loss:.2f} -> {g.last_loss:.2f} "
-                     f"({g.level}, {link(g.run)}); {crossing}")
+                     f"({g.level}, {link(g.run)}); {crossing}.")
     else:
-        parts.append(f"On GPUs: {NOT_MEASURED} (no passing 07 on real GPUs)")
+        lines.append(f"On GPUs: {NOT_MEASURED} (no passing 07 on real GPUs).")
     if len(cpu):
         c = cpu.iloc[-1]
-        parts.append(f"on CPU, EP {c.ep} over gloo: loss {c.first_loss:.2f} -> "
+        lines.append(f"on CPU, EP {c.ep} over gloo: loss {c.first_loss:.2f} -> "
                      f"{c.last_loss:.2f}, {crossing_said(c)} token copies crossing ranks per "
-                     f"step ({figures.CPU_TRAINING}, {link(c.run)})")
+                     f"step ({figures.CPU_TRAINING}, {link(c.run)}): a check of the path, not "
+                     "a figure.")
     if len(failed):
         gates = sorted({g for row in failed["failed_gates"] for g in row})
-        parts.append(f"{len(failed)} run{'s' if len(failed) > 1 else ''} FAILed 07 ("
-                     + "; ".join(f"'{g}'" for g in gates) + "), shown as such in the results")
+        lines.append(f"{len(failed)} run{'s' if len(failed) > 1 else ''} FAILed 07 ("
+                     + "; ".join(f"'{g}'" for g in gates) + "), shown as such in the results.")
     pub = PUBLIC_GATE5
-    parts.append(f"across 2x p5.48xlarge over EFA: {NOT_MEASURED} here; cited: loss "
+    lines.append(f"across 2x p5.48xlarge over EFA: {NOT_MEASURED} here; cited: loss "
                  f"{_arrow(pub['loss'])}, EFA TX {pub['efa_tx_bytes'] / 1e9:.3f} GB "
-                 f"({pub['source']}, {pub['date']}), another model size")
-    return "; ".join(parts) + ". {ref}`results <trains>`."
+                 f"({pub['source']}, {pub['date']}), another model size.")
+    return [lines[0]] + [line[0].upper() + line[1:] for line in lines[1:]]

@@ -38,9 +38,12 @@ venv: $(VENV)/.installed $(AIPERF_VENV)/.installed
 run: venv
 	$(PY) -m lib.runner run $(if $(CONTEXT),--context $(CONTEXT)) $(if $(RUN),--run-id $(RUN))
 
+# Prints its wall time (issue 40's bound: 20 s on a 2-core machine after `make run`).
 book: venv
 	@test -n "$(RUN)" || { echo "usage: make book RUN=<run_id> (a folder of results/)"; exit 2; }
-	$(PY) -m lib.runner book $(RUN)
+	@start=$$(date +%s%N); $(PY) -m lib.runner book $(RUN); rc=$$?; \
+	  ms=$$(( ($$(date +%s%N) - start) / 1000000 )); \
+	  echo "make book: $$(( ms / 1000 )).$$(( ms % 1000 / 100 )) s wall (exit $$rc)"; exit $$rc
 
 # Store a recorded run as the committed reference (notebooks/ carry its outputs).
 reference: venv

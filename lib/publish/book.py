@@ -9,6 +9,9 @@ a Sphinx warning (a broken link, a missing page) fails the build.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -130,6 +133,66 @@ def stage_chapter(stage: str, chapter: str, run_dir: Path, published) -> nbforma
     return notebook
 
 
+# ---- an unchanged page is not read or written again ---------------------------------------------
+# Sphinx reads a page again when its source is newer than its last read, and writes it when the
+# source is newer than its html. The sources are written anew each build, so a file whose bytes
+# equal the last build's gets that build's modification time back: after `make run` only the
+# pages a new run changes are read and written (the history, the results, its own page), not
+# the other runs' pages and the prose. What Sphinx cannot see invalidates everything: the book's
+# own extensions and the versions of the packages that render it (BUILD_INPUTS), or a page that
+# went away (its html would stay, linking to what may be gone).
+MANIFEST = ".src-manifest.json"
+
+
+def build_inputs() -> str:
+    """A digest of what renders the pages besides their sources: the book's extensions and the
+    rendering packages' versions."""
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for path in sorted((REPO_ROOT / "book" / "_ext").glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    for package in ("jupyter-book", "sphinx", "myst-nb", "myst-parser", "sphinx-book-theme",
+                    "pydata-sphinx-theme", "sphinx-design", "docutils"):
+        h.update(f"{package}={metadata.version(package)}".encode())
+    return h.hexdigest()
+
+
+def source_manifest(src: Path) -> dict[str, list]:
+    """{path inside the sources: [sha256, mtime_ns]} of the last build's sources."""
+    manifest = src.parent / MANIFEST
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8")) if src.is_dir() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def keep_unchanged_times(src: Path, before: dict[str, list], build_dir: Path) -> None:
+    inputs = build_inputs()
+    pages = {rel for rel in before if rel.endswith((".md", ".ipynb"))}
+    now: dict[str, list] = {"": [inputs, 0]}
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        rel = path.relative_to(src).as_posix()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if rel in before and before[rel][0] == digest:
+            os.utime(path, ns=(before[rel][1], before[rel][1]))
+        now[rel] = [digest, path.stat().st_mtime_ns]
+    gone = pages - set(now)
+    if before.get("", [None])[0] != inputs or gone:
+        forget_build(build_dir)
+    (build_dir / MANIFEST).write_text(json.dumps(now), encoding="utf-8")
+
+
+def forget_build(build_dir: Path) -> None:
+    """The next build is a whole one: no doctrees, no html, no manifest."""
+    for name in (".doctrees", "html", MANIFEST):
+        target = build_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
 # a link to a run's page in prose: [`<run id>`](runs/<run id>.md) or (../runs/<run id>.md)
 _RUN_LINK = re.compile(r"\[([^\]]*)\]\((?:\.\./)?runs/([A-Za-z0-9][A-Za-z0-9._-]*)\.md\)")
 
@@ -171,8 +234,10 @@ def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None
     digests = evidence.DigestCache(build_dir / ".digest-cache.json")
     refuse_unpublishable(run_dir, digests)
     results = Path(results).absolute() if results else run_dir.parent
+    before = source_manifest(build_dir / ".src")
     src = stage_sources(run_dir, build_dir / ".src", results, digests)
     digests.save()
+    keep_unchanged_times(src, before, build_dir)
     jb = Path(sys.executable).with_name("jupyter-book")
     done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root), "-W",
                            "-n", "--keep-going"],
@@ -182,6 +247,7 @@ def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     index = build_dir / "html" / "index.html"
     if done.returncode != 0 or not index.exists():
+        forget_build(build_dir)  # the next build reads every page again and says every warning
         warnings = [line for line in (done.stdout + done.stderr).splitlines()
                     if "WARNING" in line or "ERROR" in line]
         raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}, warnings are "

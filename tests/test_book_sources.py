@@ -160,7 +160,7 @@ def test_md_link_and_url():
 
 def test_the_comparison_section_of_transport_figures():
     section = sources.comparison_efa_section()
-    table = published.efa_transport_figures()
+    table = sources.efa_transport_figures()
     assert set(table["level"]) == {"cited"} and table["date"].str.len().gt(0).all()
     for source_id in table["source_id"].unique():
         assert f"]({sources.url(source_id)})" in section

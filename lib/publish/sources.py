@@ -16,7 +16,7 @@ what is already a link, an image, a URL or an HTML tag. The visible text is unch
 link around it is added, so a table is no wider than before.
 
 The figures the reader compares a transport against (GIN type 2 and type 5 on p5en, the
-p6-b300 kernel figures, serving over GDAKI) are lib.measure.published.efa_transport_figures;
+p6-b300 kernel figures, serving over GDAKI) are efa_transport_figures;
 `comparison_efa_section` writes them as the comparison page's section.
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from lib.measure import bounds, published
 
 SOURCES_PATH = Path(__file__).with_name("sources.yaml")
 # the cited figures of the bounds page: their ids name their sources in the book's tables
@@ -319,15 +321,57 @@ def _inline_segments(text: str) -> list[tuple[bool, str]]:
 
 
 # ---- the comparison page's section of transport figures ---------------------------------------
+def efa_transport_figures() -> pd.DataFrame:
+    """The public DeepEP V2 figures (their data: lib.measure.published and
+    lib/measure/cited_figures.yaml) over EFA a transport is compared against, one row per figure:
+    group, figure, gin_type, nodes, tokens (kernel rows), phase, concurrency (serving rows),
+    value, unit, decimals, hardware, setup, date, source_id (lib/publish/sources.yaml), level
+    (always "cited": none is measured here)."""
+    rows = []
+    for entry in bounds.load_cited()["cited"]:
+        if entry.get("source_id") != published.P5EN_GIN_SOURCE_ID:
+            continue
+        gin_type = entry["gin_type"]
+        for phase, value in entry["phases"].items():
+            rows.append({
+                "group": published.P5EN_GIN_GROUP, "gin_type": gin_type, "nodes": entry["nodes"],
+                "tokens": entry["tokens"], "phase": phase, "value": float(value),
+                "figure": f"{entry['nodes']} nodes, {entry['tokens']} tokens, {phase}, "
+                          f"type {gin_type}",
+                "hardware": f"{entry['instance']} ({entry['ranks_per_node']} ranks a node) "
+                            "over EFA, 2 and 4 nodes",
+                "setup": "amazon-contributing/DeepEP ec623f3, EFA installer 1.50.0, NCCL 2.31.2, "
+                         "test_ep, 12 SMs, hidden 7168, top-8 of 256 experts, FP8 dispatch",
+                "date": entry["date"], "source_id": entry["source_id"]})
+    for tokens, phase, value in published.P6_B300["figures"]:
+        rows.append({**{k: published.P6_B300[k] for k in ("group", "hardware", "setup", "date",
+                                                "source_id", "gin_type", "nodes")},
+                     "tokens": tokens, "phase": phase, "value": value,
+                     "figure": f"{tokens} tokens, {phase}"})
+    serving = {k: published.GDAKI_SERVING[k] for k in ("group", "hardware", "setup", "date", "source_id",
+                                             "nodes")}
+    for concurrency, by_type in published.GDAKI_SERVING["eager"].items():
+        for gin_type, value in zip((3, 2), by_type):
+            rows.append({**serving, "gin_type": gin_type, "concurrency": concurrency,
+                         "phase": "eager", "value": value,
+                         "figure": f"c{concurrency} output tok/s, eager, type {gin_type}"})
+    rows.append({**serving, "gin_type": 3, "concurrency": 64, "phase": "CUDA graphs",
+                 "value": published.GDAKI_SERVING["graphs_c64_gdaki"],
+                 "figure": "c64 output tok/s, CUDA graphs, type 3"})
+    table = pd.DataFrame(rows, columns=list(published.EFA_TRANSPORT_COLUMNS))
+    table["unit"] = ["tok/s" if pd.notna(c) else "us" for c in table["concurrency"]]
+    table["decimals"] = 1
+    table["level"] = "cited"
+    return table
+
+
 def comparison_efa_section() -> str:
     """The comparison page's section: the public DeepEP V2 figures over EFA that a reader sets a
     transport against (GIN type 2 against type 5 on 2 and 4 p5en nodes, the p6-b300 kernel
     figures, vLLM serving over GDAKI against the CPU proxy), each group with its level, date
-    and linked source; from lib.measure.published.efa_transport_figures, none measured here.
+    and linked source; from efa_transport_figures, none measured here.
     Every ratio is computed from the two published figures beside it."""
-    from lib.measure import published
-
-    table = published.efa_transport_figures()
+    table = efa_transport_figures()
     lines = ["(efa-transports)=", "## DeepEP V2 over EFA, by transport: the published figures\n",
              "What others measured with DeepEP V2 over EFA, by NCCL's GIN type: type 2 is the CPU "
              "proxy (the type NCCL picks by default with the EFA installer 1.50.0), type 5 the "

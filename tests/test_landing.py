@@ -89,3 +89,35 @@ def test_the_committed_backend_a_b_reads_slower_and_a_changed_figure_reads_faste
     assert said.startswith("**deepep_v2 is 30% faster than allgather_reducescatter in 6 of 6 "
                            "cells**"), said
     assert "slower" not in said
+
+
+# ---- the built book: the landing and the chapter for running it on a cluster ------------------
+
+def page_text(html_file: Path) -> str:
+    import re
+    from html import unescape
+
+    text = re.sub(r"<script.*?</script>|<style.*?</style>", " ", html_file.read_text(),
+                  flags=re.S)
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def test_the_landing_links_the_cluster_chapter_and_each_answer_has_a_figure_and_a_direction(
+        reference_book):
+    landing = (reference_book / "book" / "intro.html").read_text()
+    assert 'href="cluster.html"' in landing  # one click from the landing
+    text = page_text(reference_book / "book" / "intro.html")
+    for _, question in pages.QUESTIONS:
+        assert question in text
+    assert " us at 128 / 512 / 4096 tokens" in text           # the kernel, with its unit
+    assert "output tok/s" in text and "per GPU" in text        # served, per GPU
+    assert "slower than allgather_reducescatter in" in text   # the backend A/B's direction
+    assert "With CUDA graphs it does not" in text              # the failure that answers
+
+
+def test_the_cluster_chapter_says_how_to_run_it_on_eks_and_slurm(reference_book):
+    text = page_text(reference_book / "book" / "cluster.html")
+    for needed in ("lib.runner profile", "-p context plan", "gdrdrv", "hugepages",
+                   "EFA device plugin", "GPU device plugin", "privileged namespace", "Slurm",
+                   "GPU-minutes"):
+        assert needed in text, needed

@@ -99,7 +99,8 @@ def page_text(html_file: Path) -> str:
 
     text = re.sub(r"<script.*?</script>|<style.*?</style>", " ", html_file.read_text(),
                   flags=re.S)
-    return " ".join(unescape(re.sub(r"<[^>]+>", " ", text)).split())
+    text = unescape(re.sub(r"<[^>]+>", " ", text)).replace("\u2019", "'")  # Sphinx curls quotes
+    return " ".join(text.split())
 
 
 def test_the_landing_links_the_cluster_chapter_and_each_answer_has_a_figure_and_a_direction(

@@ -21,18 +21,44 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def reference_book(tmp_path_factory):
-    """The real book, built once per session from every committed run with the reference run's
-    notebooks as the stages (tests/test_book.py and tests/test_book_browser.py read it; a build
-    is ~40 s here). Its html root."""
+def reference_book():
+    """The real book, built from every committed run with the reference run's notebooks as the
+    stages (tests/test_book.py, test_book_browser.py, test_book_sources.py, test_landing.py read
+    it). Its html root. A build is ~40 s of CPU, and `make test`'s workers each ran one: it is
+    built once per version of what it is made from (every lib/ module, book/, _config.yml,
+    _toc.yml, pins.yaml, each run's SHA256SUMS and notes), under a lock the other workers wait
+    on, into _build/test-reference-book/<digest>/ (the three newest kept)."""
+    import fcntl
+    import hashlib
+
     from lib.core.door import REPO_ROOT
     from lib.publish.book import build
 
     results = REPO_ROOT / "results"
     reference = (results / "REFERENCE").read_text().strip()
-    out = tmp_path_factory.mktemp("book")
-    build(results / reference, out_root=out)
-    return out / "_build" / "html"
+    inputs = [*sorted((REPO_ROOT / "lib").rglob("*.py")), *sorted((REPO_ROOT / "lib").rglob("*.yaml")),
+              *sorted((REPO_ROOT / "lib").rglob("*.md")), *sorted((REPO_ROOT / "book").rglob("*")),
+              REPO_ROOT / "_config.yml", REPO_ROOT / "_toc.yml", REPO_ROOT / "pins.yaml",
+              *sorted(results.glob("*/SHA256SUMS")), *sorted(results.glob("*.notes.md")),
+              results / "REFERENCE", results / "REPLAYED"]
+    digest = hashlib.sha256()
+    for path in inputs:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    root = REPO_ROOT / "_build" / "test-reference-book"
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / digest.hexdigest()[:16]
+    html = out / "_build" / "html"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker builds; the others wait and read it
+        if not (out / "complete").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            build(results / reference, out_root=out)
+            (out / "complete").write_text("")
+            for old in sorted((p for p in root.iterdir() if p.is_dir()),
+                              key=lambda p: p.stat().st_mtime)[:-3]:
+                shutil.rmtree(old, ignore_errors=True)
+    return html
 
 
 # `make test` runs the suite in two phases: everything but the cluster tests on three workers

@@ -116,22 +116,24 @@ def test_a_tampered_run_is_refused_by_the_book_naming_the_file(tmp_path):
     assert not (tmp_path / "_build" / "html").exists()
 
 
-def copy_runs(tmp_path: Path, *run_ids: str, link_the_rest: bool = False) -> Path:
-    """A results directory holding copies of `run_ids` (to change) and, with link_the_rest,
-    every other committed run linked as it is (the prose pages link to their run pages)."""
+def copy_runs(tmp_path: Path, *run_ids: str, link_the_rest: bool = False,
+              link: tuple[str, ...] = ()) -> Path:
+    """A results directory holding copies of `run_ids` (to change) and, linked as they are,
+    the runs of `link`, or with link_the_rest every other committed run (a book built from a
+    few runs says of the others it cites that they are not in its results)."""
     results = tmp_path / "results"
     results.mkdir()
     for run_id in RUN_IDS:
         if run_id in run_ids:
             shutil.copytree(RESULTS / run_id, results / run_id)
-        elif link_the_rest:
+        elif link_the_rest or run_id in link:
             (results / run_id).symlink_to(RESULTS / run_id, target_is_directory=True)
     (results / "REFERENCE").write_text(REFERENCE + "\n")
     return results
 
 
 def test_a_changed_number_shows_on_the_rebuilt_results_page_and_plot(tmp_path):
-    results = copy_runs(tmp_path, KERNEL_RUN, link_the_rest=True)
+    results = copy_runs(tmp_path, KERNEL_RUN, link=(REFERENCE,))  # a small book: two runs
     run = results / KERNEL_RUN
     original = pd.read_csv(_figures_of(results, tmp_path / "before") / "kernel.csv")
     path = run / "03_kernel_test" / "test_ep.json"
@@ -178,7 +180,7 @@ def test_a_removed_stage_shows_not_measured_with_the_reason(tmp_path):
 
 def test_a_sphinx_warning_fails_the_build(tmp_path):
     """-W: a broken cross-reference in a generated page (here, a run's notes) is an error."""
-    results = copy_runs(tmp_path, link_the_rest=True)
+    results = copy_runs(tmp_path, link=(REFERENCE,))  # a small book: its one run
     (results / f"{REFERENCE}.notes.md").write_text("See [the missing page](missing-page.md).\n")
     with pytest.raises(RuntimeError, match="warnings are errors"):
         book.build(results / REFERENCE, out_root=tmp_path)

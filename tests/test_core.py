@@ -260,7 +260,7 @@ def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path
     (run / "05_sweep" / "params.json").write_text(_json.dumps(old))
     evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is False
-    (run / "05_sweep" / "params.json").write_text(_json.dumps(now))  # recorded with it: as is
+    (run / "05_sweep" / "params.json").write_text(_json.dumps(now.as_dict()))  # recorded with it: as is
     evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is True
     recorded_false = {**now, "warmup_full_batch": False}
@@ -317,7 +317,7 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     tmp.mkdir()
     (run / "run.json").write_text("{}")
     (run / "05_sweep" / "params.json").write_text(
-        _json.dumps(params.resolve("05_sweep", {"engine": "transformers"})))
+        _json.dumps(params.resolve("05_sweep", {"engine": "transformers"}).as_dict()))
     evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
     unnamed = tmp / f"{SHADOW_PREFIX}k3x9q2ab"  # made before pids were in the name
     unnamed.mkdir()

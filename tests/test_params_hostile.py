@@ -375,7 +375,7 @@ def test_the_bounds_table_has_a_row_per_parameter_in_the_words_of_its_refusal():
     assert all(set(r) == {"parameter", "stages", "type", "allowed", "default"} for r in rows)
     by_name = {r["parameter"]: r for r in rows}
     assert by_name["concurrency"]["default"] == \
-        "local: 1,2,4; plan, kube, slurm: 4,8,32; local with vllm: 4,8,32"
+        "local: 1,2,4; plan, kube, slurm: 4,8,32; local with engine vllm: 4,8,32"
     assert by_name["seed"]["stages"] == "all" and by_name["repeats"]["stages"] == "05"
     for name, row in by_name.items():
         value = hostile_values(PARAMS[name].rule)[0]

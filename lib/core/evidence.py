@@ -99,7 +99,14 @@ def skip(name: str, reason: str, evidence: list[str] | None = None) -> Gate:
     return Gate(name, "SKIP", reason=reason, evidence=list(evidence or []))
 
 
-_JSON_FORMAT = {"indent": 2, "sort_keys": True, "default": str}
+def _jsonable(obj: Any) -> Any:
+    """A stage's typed parameters (lib.core.param_model) as their values; anything else as its
+    text (a Path, a datetime)."""
+    as_dict = getattr(obj, "as_dict", None)
+    return as_dict() if callable(as_dict) else str(obj)
+
+
+_JSON_FORMAT = {"indent": 2, "sort_keys": True, "default": _jsonable}
 
 
 def dumps(obj: Any) -> str:

@@ -572,29 +572,3 @@ COMMIT = Text(COMMIT_RULE, "a commit (40 lower-case hex digits)", 40,
 SLURM_NAME = Text(SLURM_NAME_RULE, "a Slurm name (letters, digits, '_', '.', '-', at most 64, "
                   "starting with a letter or digit)", 64, ("a", "gpu", "a" * 64),
                   ("a" * 65, "-a", ".a", "a b", "a,b", "a:b", "a=b"))
-
-
-class Params(dict):
-    """A stage's resolved parameters, frozen: every value checked by its rule (the registry's
-    `resolve`), read as `p["name"]`, `p.get("name")` or `p.name`, never written. A place that
-    needs a value the parameters lack keeps it itself (a plan's placeholder, say): the recorded
-    params.json stays what was asked. `dict(p)` or `{**p, ...}` is a new, writable dict."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"no parameter {name!r} in this stage") from None
-
-    def _frozen(self, *args: Any, **kwargs: Any):
-        raise TypeError("a stage's parameters are frozen once resolved: copy them "
-                        "(dict(params)) to change one")
-
-    __setitem__ = __delitem__ = _frozen
-    update = pop = popitem = clear = setdefault = _frozen  # type: ignore[assignment]
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._frozen()
-
-    def __reduce__(self):  # copy and pickle as a Params again
-        return (Params, (dict(self),))

@@ -233,7 +233,8 @@ def open_record(name: str, resolved: dict[str, Any],
             f"stage {name} is already recorded in run {run_id} ({run_dir / name}); a run "
             "directory is append-only: run with a new run_id (run_id='' makes one), or, if it "
             f"was interrupted, resume the run: python -m lib.runner run --run-id {run_id}")
-    resolved = {**resolved, "run_id": run_id}
+    resolved = (resolved.model_copy(update={"run_id": run_id}) if hasattr(resolved, "model_copy")
+                else {**resolved, "run_id": run_id})
     if not (run_dir / "run.json").exists():  # the first stage of a run creates it
         run_dir.mkdir(parents=True, exist_ok=True)
         write_run_json(run_dir, resolved)

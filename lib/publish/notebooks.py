@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from lib.stages.registry import SPECS, STAGE_PARAMS
+from lib.stages.registry import SPECS
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -19,10 +19,38 @@ FIXED_DEFAULTS = {"run_id": "", "results_dir": "results"}
 
 
 def parameters_source(stage: str) -> str:
-    lines = ["# Parameters (papermill -p NAME VALUE). None takes the context's default."]
-    for name in STAGE_PARAMS[stage]:
-        lines.append(f"{name} = {FIXED_DEFAULTS.get(name)!r}")
+    """The notebook's `parameters` cell, generated from the stage's model (lib.stages.registry
+    MODELS): a line per parameter, `name: type = value  # help; default ...`, which papermill's
+    `--help-notebook` reads and prints, as a reader of the notebook sees it."""
+    from lib.core.param_model import type_said
+    from lib.stages.registry import MODELS, PARAMS, defaults_said
+
+    lines = ["# Parameters (papermill -p NAME VALUE; `papermill --help-notebook` lists them). "
+             "None takes the context's default."]
+    for name in MODELS[stage].model_fields:
+        param = PARAMS[name]
+        # papermill's parser reads the first '=' of a line after the name as the assignment
+        # and skips a line whose help holds another: 'efa = NCCL...' reads 'efa: NCCL...'
+        help_text = " ".join(param.help.split()).replace(" = ", ": ").replace("=", " ")
+        lines.append(f"{name}: {type_said(param.rule)} = {FIXED_DEFAULTS.get(name)!r}  "
+                     f"# {help_text}; default: {defaults_said(param)}")
     return "\n".join(lines)
+
+
+def write_parameters_cells(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Rewrite the `parameters` cell of each stage notebook from its model, keeping every other
+    cell and output (the reference run's outputs `make reference` stored)."""
+    changed = []
+    for stage in SPECS:
+        path = directory / f"{stage}.ipynb"
+        notebook = nbformat.read(path, as_version=4)
+        cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+        source = parameters_source(stage)
+        if cell.source != source:
+            cell.source = source
+            nbformat.write(notebook, path)
+            changed.append(path)
+    return changed
 
 
 def build(stage: str) -> nbformat.NotebookNode:
@@ -63,8 +91,13 @@ def write_all(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     return paths
 
 
+USAGE = ("usage: python -m lib.publish.notebooks write|parameters\n"
+         "  write       every notebook anew, without outputs\n"
+         "  parameters  only each notebook's parameters cell, from its stage's model")
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["write"]:
-        sys.exit("usage: python -m lib.publish.notebooks write")
-    for p in write_all():
+    if sys.argv[1:] not in (["write"], ["parameters"]):
+        sys.exit(USAGE)
+    written = write_all() if sys.argv[1] == "write" else write_parameters_cells()
+    for p in written:
         print(p.relative_to(NOTEBOOK_DIR.parent))

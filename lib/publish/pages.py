@@ -538,23 +538,47 @@ def hostile_tally() -> tuple[int, int, list[str]]:
     return tried, len(accepted), accepted
 
 
-def parameters_page() -> str:
-    from lib.stages.registry import parameter_bounds_table
+def parameter_entries() -> list[dict[str, str]]:
+    """Every parameter once, in the table's order, as the stages' typed models describe it: its
+    type, what it does (the field's help), the stages whose model has it, what it allows (the
+    words its refusal says) and its default per context."""
+    from lib.core.param_model import type_said
+    from lib.stages.registry import MODELS, PARAMS, STAGES, defaults_said
 
+    entries = []
+    for name, param in PARAMS.items():
+        stages = [stage for stage in STAGES if name in MODELS[stage].model_fields]
+        field = MODELS[stages[0]].model_fields[name]
+        entries.append({"name": name, "type": type_said(param.rule), "does": field.description,
+                        "stages": "all" if len(stages) == len(STAGES)
+                        else ", ".join(s[:2] for s in stages),
+                        "allowed": field.json_schema_extra["allowed"],
+                        "default": defaults_said(param)})
+    return entries
+
+
+def parameters_page() -> str:
     tried, accepted, which = hostile_tally()
     verdict = (f"**{accepted} accepted**" if not accepted else
                f"**{accepted} accepted**, a defect: " + "; ".join(which[:20]))
+    entries = "\n\n".join(
+        f"`{e['name']}`: {e['type']}, stages {e['stages']}\n"
+        f":   {e['does'][0].upper() + e['does'][1:]}. **Allowed**: {e['allowed']}. "
+        f"**Default**: {e['default']}."
+        for e in parameter_entries())
     return ("# Parameters and their bounds\n\n"
-            "Every parameter of every notebook, with what it allows: a value outside is refused "
-            "in the notebook's first cell, before anything runs or is written, by an error that "
-            "names the parameter and these words. Generated from the one parameter table "
-            "(`lib/stages/registry.py`).\n\n"
+            "Every parameter of every notebook: its type, what it does, the stages that take it, "
+            "what it allows and its default per context. A value outside is refused in the "
+            "notebook's first cell, before anything runs or is written, by an error that names "
+            "the parameter and these words. Each stage's parameters are one typed, frozen model "
+            "(`lib/stages/registry.py`, MODELS); this page, each notebook's parameters cell and "
+            "`papermill --help-notebook notebooks/NN_stage.ipynb` are all made from those "
+            "models.\n\n"
             f"Hostile values generated from these bounds (each bound's edges and beyond, wrong "
             f"types, shell and YAML metacharacters, path traversal, empty and oversized strings) "
             f"and checked when this book was built: **{tried} tried**, {verdict}. "
             "`tests/test_params_hostile.py` puts the same values through every notebook's first "
-            "cell and checks that `results/` is unchanged after.\n\n"
-            + _md_table(report.parameters_table(parameter_bounds_table())))
+            "cell and checks that `results/` is unchanged after.\n\n" + entries + "\n")
 
 
 # --- how close to the wire: each figure beside its transfer bound (lib.measure.bounds) -------

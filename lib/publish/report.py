@@ -360,12 +360,3 @@ def gate_tables(gates: pd.DataFrame, *, with_stage: bool, with_pass: bool = True
 
 def _gates(n: int) -> str:
     return f"{n} gate" + ("" if n == 1 else "s")
-
-
-def parameters_table(rows: list[dict[str, str]]) -> pd.DataFrame:
-    """lib.stages.registry.parameter_bounds_table as the parameters page shows it: the type
-    column left out (each `allowed` already says it: "an integer >= 1", "one of ...", "a
-    path ..."), the parameter as code, so that the words a refusal says have the room."""
-    return pd.DataFrame([{"parameter": f"`{r['parameter']}`", "stages": r["stages"],
-                          "allowed": r["allowed"], "default": r["default"]} for r in rows],
-                        columns=["parameter", "stages", "allowed", "default"])

@@ -18,7 +18,9 @@ from typing import Any
 
 from lib.core.door import REPO_ROOT
 from lib.core.errors import ParameterError
-from lib.core.params import (COMMIT, Params, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
+from lib.core import param_model
+from lib.core.param_model import StageParameters
+from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLURM_NAME,
                              ChoiceList, Flag, Folder, Integer, IntList, Number, OneOf, OrEmpty,
                              Param, checked, dns_label)
 from lib.engines import catalog
@@ -394,9 +396,10 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {name: spec.params for name, spec in 
 
 
 # ---- resolving ---------------------------------------------------------------------------------
-def resolve(stage: str, given: dict[str, Any]) -> Params:
-    """Validated parameters of `stage`, frozen (lib.core.params.Params): given values win,
-    None takes the context's default."""
+def resolve(stage: str, given: dict[str, Any]) -> StageParameters:
+    """The stage's typed, frozen parameters (its model, MODELS[stage]), built once: given values
+    win, None takes the context's default; every field checked by its rule, then the rules
+    across parameters; ParameterError before any effect."""
     if stage not in STAGE_PARAMS:
         raise ParameterError("stage", stage, "one of " + ", ".join(STAGES))
     names = STAGE_PARAMS[stage]
@@ -408,27 +411,27 @@ def resolve(stage: str, given: dict[str, Any]) -> Params:
     context = PARAMS["context"].default("") if context is None else context
     checked(PARAMS["context"], context)
     engine = given.get("engine") or ""
-    resolved: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for name in names:
         value = given.get(name)
-        if value is None:
-            value = PARAMS[name].default(context, engine)
-        resolved[name] = None if value is None else checked(PARAMS[name], value)
-    _derive(resolved)
-    _check_together(resolved)
-    return Params(resolved)
+        values[name] = PARAMS[name].default(context, engine) if value is None else value
+    return param_model.build(MODELS[stage], _derive(values))
 
 
-def _derive(p: dict[str, Any]) -> None:
+def _derive(p: dict[str, Any]) -> dict[str, Any]:
     """Defaults that follow from another parameter: a cluster's GPUs and EFA devices per node
-    from its instance type (an explicit value wins)."""
-    kind = INSTANCE_TYPES.get(p.get("instance_type") or "")
+    from its instance type (an explicit value wins; an instance type its rule refuses derives
+    nothing, and is refused by its field)."""
+    kind = INSTANCE_TYPES.get(p.get("instance_type") or "") \
+        if isinstance(p.get("instance_type"), str) else None
     if kind is None:
-        return
+        return p
+    p = dict(p)
     if "gpus_per_node" in p and p["gpus_per_node"] is None:
         p["gpus_per_node"] = kind.gpus
     if "efa_per_node" in p and p["efa_per_node"] is None:
         p["efa_per_node"] = kind.efa
+    return p
 
 
 def check_run_request(context: str, run_id_: str | None, stages: list[str] | None,
@@ -610,11 +613,13 @@ def parameter_bounds_table() -> list[dict[str, str]]:
         rows.append({"parameter": param.name,
                      "stages": "all" if len(stages) == len(STAGES) else ", ".join(stages),
                      "type": param.rule.kind, "allowed": param.allowed,
-                     "default": _defaults_said(param)})
+                     "default": defaults_said(param)})
     return rows
 
 
-def _defaults_said(param: Param) -> str:
+def defaults_said(param: Param) -> str:
+    """A parameter's default per context, as the parameters cell, papermill's help and the book
+    say it: 'local: 1; plan, kube, slurm: 2', then an engine's own ('with engine sglang: ...')."""
     by_value: dict[str, list[str]] = {}
     for context in CONTEXTS:
         value = param.defaults.get(context, param.defaults.get("*"))
@@ -623,8 +628,13 @@ def _defaults_said(param: Param) -> str:
         said = [next(iter(by_value))]
     else:
         said = [f"{', '.join(contexts)}: {value}" for value, contexts in by_value.items()]
-    said += [f"{key.replace(':', ' with ')}: {_said(value)}"
-             for key, value in param.defaults.items() if ":" in key]
+    for key, value in param.defaults.items():
+        if ":" in key:
+            context, engine = key.split(":", 1)
+            where = "" if context == "*" else f"{context} "
+            said.append(f"{where}with engine {engine}: {_said(value)}")
+    if param.name == "context":
+        said = [f"{said[0]}, or the cluster profile's (python -m lib.runner profile)"]
     return "; ".join(said)
 
 
@@ -649,3 +659,12 @@ def serving(stage: str, engine: str) -> bool:
 def upstream(stage: str, engine: str = "") -> tuple[str, ...]:
     """The stages whose evidence `stage` reads (a FAIL there blocks it)."""
     return SPECS[stage].upstream(serving(stage, engine))
+
+
+# ---- the typed model of each stage ----------------------------------------------------------------
+# One frozen pydantic model per stage (lib.core.param_model): a field per parameter it takes
+# (type, help, defaults per context, its rule as the validator) and the rules across parameters
+# (_check_together) as its one validator on the whole. `resolve` builds it once.
+MODELS: dict[str, type[StageParameters]] = {
+    name: param_model.model_for(name, tuple(PARAMS[n] for n in names), _check_together)
+    for name, names in STAGE_PARAMS.items()}

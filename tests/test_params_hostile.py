@@ -344,9 +344,9 @@ def recorded_parameters() -> list[tuple[str, str | None, dict]]:
     for stage in STAGES:  # the committed notebooks' parameter cells
         cells = json.loads((REPO_ROOT / "notebooks" / f"{stage}.ipynb").read_text())["cells"]
         cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-        assigned = ast.parse("".join(cell["source"])).body
+        assigned = ast.parse("".join(cell["source"])).body  # `name: type = value` lines
         found.append((f"notebooks/{stage}.ipynb", stage,
-                      {a.targets[0].id: ast.literal_eval(a.value) for a in assigned}))
+                      {a.target.id: ast.literal_eval(a.value) for a in assigned}))
     return found
 
 

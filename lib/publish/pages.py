@@ -548,6 +548,8 @@ def parameter_entries() -> list[dict[str, str]]:
     entries = []
     for name, param in PARAMS.items():
         stages = [stage for stage in STAGES if name in MODELS[stage].model_fields]
+        if not stages:  # in the table, taken by no stage: no notebook shows it
+            continue
         field = MODELS[stages[0]].model_fields[name]
         entries.append({"name": name, "type": type_said(param.rule), "does": field.description,
                         "stages": "all" if len(stages) == len(STAGES)

@@ -31,7 +31,7 @@ PLACED = {
 ALIASES = {"lib.stage": "lib.stages.opening", "lib.models": "lib.engines.models"}
 CONTEXT_NAMES = {"local", "plan", "kube", "slurm"}
 NOT_STAGES = {"registry.py", "opening.py", "ab.py", "__init__.py", "refusal.py", "profile.py",
-              "transport_ab.py"}
+              "transport_ab.py", "specs.py", "rules_places.py", "rules_engines.py"}
 
 
 def module_name(path: Path) -> str:

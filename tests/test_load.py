@@ -8,7 +8,7 @@ transformers.local_server), AIPerf 0.13 from .venv-aiperf through the sweep's ow
 What is derived from what:
 - concurrency: 1.5 x the highest level of the local context's default sweep (the parameter table,
   engine transformers), rounded up;
-- requests: what a sweep cell at that concurrency measures (sweep.cell_requests: at least
+- requests: what a sweep cell at that concurrency measures (SweepPlan.requests: at least
   requests_per_slot per slot);
 - input tokens and the short answers: the sweep's input_tokens and output_tokens; the long answers
   LONG_FACTOR times longer, half the requests each (AIPerf's --seq-dist);
@@ -34,7 +34,7 @@ from lib.engines import transformers as serve
 from lib.engines import server as served
 from lib.measure import aiperf as aiperf_export
 from lib.measure import sweep
-from lib.stages import registry as params
+from lib.stages import ab, registry as params
 
 STAGE = "05_sweep"
 LOAD_FACTOR = 1.5  # the load asked of the server: 1.5 x the sweep's highest concurrency
@@ -71,14 +71,14 @@ def test_load_holds_and_every_timeout_is_counted(tmp_path):
     started = time.monotonic()
     p = params.resolve(STAGE, {"engine": "transformers"})
     concurrency = math.ceil(LOAD_FACTOR * max(p["concurrency"]))
-    sent = sweep.cell_requests(p, concurrency)
+    sent = ab.sweep_plan(p, p["repeats"]).requests(concurrency)
     short, long_ = p["output_tokens"], p["output_tokens"] * LONG_FACTOR
     model_dir = models.build(p["seed"], layers=p["model_layers"])["model_dir"]
     run_dir = tmp_path / "run"
     stage = Stage(STAGE, p, run_dir, Door(run_dir, STAGE), None)
     out = stage.path("aiperf", f"aiperf-load-c{concurrency}")
 
-    with serve.local_server(stage, model_dir) as server:
+    with serve.local_server(stage, model_dir, timeout_s=p["server_timeout_s"]) as server:
         assert server.ready, [g.reason for g in server.gates]
         up_s = time.monotonic() - started
 

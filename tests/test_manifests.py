@@ -31,6 +31,7 @@ from lib.engines.vllm_args import CLI_MODULE
 from lib.places import manifests as mf
 from lib.places.kube_files import guide_files
 from lib.places import stream
+from lib.stages import registry
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -75,8 +76,9 @@ def everything() -> dict[str, list[dict]]:
         "probes": [mf.node_probe_pod(run_id=RUN, node=n, image=IMAGE) for n in NODES],
         "aiperf": [mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv),
                    mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, name="aiperf-cached",
-                                 model_cache_dir=SERVE["model_cache_dir"],
-                                 beside=mf.leader_selector(RUN, mf.DEFAULT_SERVE_NAME))],
+                                 leader_cache=mf.LeaderCache(
+                                     SERVE["model_cache_dir"],
+                                     mf.leader_selector(RUN, mf.DEFAULT_SERVE_NAME)))],
     }
 
 
@@ -110,11 +112,17 @@ def test_labels_carry_the_run_and_a_long_run_id_becomes_a_valid_value():
         assert value == mf.run_label_value(rid)  # deterministic
     assert mf.run_label_value(long_id) != mf.run_label_value(other)
     assert mf.run_label_value("run.").startswith("run-")
-    for bad in ("", "-run", "a..b", "a/b", "a" * 65):
-        with pytest.raises(ParameterError):
-            mf.run_label_value(bad)
-    with pytest.raises(ParameterError):
-        mf.labels(RUN, "04 serve", "serve")
+    # a run id is the `run_id` parameter's (its rule refuses the rest, naming it, before any
+    # effect) or one the guide makes (lib.core.stage.new_run_id); a stage's name is the
+    # registry's: every one is a label value
+    for bad in ("-run", "a..b", "a/b", "a" * 65):
+        with pytest.raises(ParameterError, match="parameter 'run_id'"):
+            registry.resolve("04_serve", {"context": "kube", "run_id": bad})
+    from lib.core.stage import new_run_id
+    for rid in (RUN, new_run_id(REPO / "results", "plan")):
+        assert mf.LABEL_VALUE_RULE.match(mf.run_label_value(rid))
+    for stage in registry.STAGES:
+        assert len(stage) <= mf.LABEL_VALUE_MAX and mf.LABEL_VALUE_RULE.match(stage), stage
     for obj in all_objects():
         assert obj["metadata"]["labels"][mf.RUN_LABEL] == RUN, obj["metadata"]["name"]
 
@@ -160,13 +168,13 @@ def test_a_misspelled_field_fails_kubernetes_validate_strict(tmp_path, where):
     assert f"'{wrong}' was unexpected" in proc.stdout + proc.stderr
 
 
-def test_validate_argv_names_the_strict_check_and_refuses_a_version_not_bundled():
+def test_validate_argv_names_the_strict_check_at_a_version_it_bundles():
+    from lib.places.manifests.output import BUNDLED
+
     assert mf.validate_argv(["a.yaml", Path("b.yaml")]) == [
         "kubernetes-validate", "--strict", "-k", mf.KUBE_VERSION, "a.yaml", "b.yaml"]
-    assert mf.KUBE_VERSION >= "1.32"
-    for bad in ("1.24", "2.0", "latest"):
-        with pytest.raises(ParameterError):
-            mf.validate_argv(["a.yaml"], bad)
+    assert mf.KUBE_VERSION >= "1.32" and BUNDLED.fullmatch(mf.KUBE_VERSION)
+    assert not [v for v in ("1.24", "2.0", "latest") if BUNDLED.fullmatch(v)]
 
 
 # ---- the serve's entrypoint, run by bash ------------------------------------------------------
@@ -411,37 +419,63 @@ def test_a_token_value_never_appears_only_the_secret_name(monkeypatch):
         "name": "hf-token", "key": "token", "optional": False}}}]
     assert not [e for e in serve_container(everything()["allgather"])["env"]
                 if e["name"] == "HF_TOKEN"]  # no secret named: no HF_TOKEN at all
-    with pytest.raises(ParameterError):
-        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, env={"HF_TOKEN": planted})
-    with pytest.raises(ParameterError):
-        mf.rank_objects(run_id=RUN, image=IMAGE, nodes=1, argv=lambda n: ["true"],
-                        env=lambda n: {"HF_TOKEN": planted})
+    # the env the guide renders is its own (an engine's, a transport's, test_ep's, AIPerf's):
+    # no token variable is ever one of its values, whatever this process's environment holds
+    for _, _, c in containers(all_objects()):
+        assert not [e for e in c["env"] if e["name"] in mf.TOKEN_VARS and "value" in e], c
+    from lib.places.cluster import AIPERF_ENV
+
+    assert not set(AIPERF_ENV) & set(mf.TOKEN_VARS)
 
 
 def test_three_nodes_of_the_default_model_are_refused_for_ep_divisibility():
-    with pytest.raises(ParameterError) as info:
-        mf.vllm_objects(**{**SERVE, "nodes": 3})
-    assert info.value.name == "nodes" and "expert parallelism divisibility" in str(info.value)
-    assert "128 routed experts" in str(info.value) and "1, 2, 4, 8, 16" in str(info.value)
-    with pytest.raises(ParameterError):
-        mf.leaderworkerset_objects(**{**SERVE, "nodes": 3})
+    """Refused by the stage's model (the registry's rule), before anything is rendered."""
+    for workload in ("statefulset", "leaderworkerset"):
+        with pytest.raises(ParameterError) as info:
+            registry.resolve("04_serve", {"context": "kube", "nodes": 3,
+                                          "kube_workload": workload})
+        assert info.value.name == "nodes" and "expert parallelism divisibility" in str(info.value)
+        assert "128 routed experts" in str(info.value) and "1, 2, 4, 8, 16" in str(info.value)
     assert len(mf.vllm_objects(**{**SERVE, "nodes": 4})) == 3
 
 
-def test_parameters_are_checked_before_anything_is_rendered():
+@pytest.mark.parametrize("stage", ["04_serve", "05_sweep", "06_multicomm"])
+def test_parameters_are_checked_by_the_stage_s_model_before_anything_is_rendered(stage):
+    """What a serve's objects are made from is refused by the stage's typed model, naming the
+    parameter (nothing below the stage checks it again): on the kube place and its plan."""
     bad = [dict(image="registry.example/guide:latest"), dict(image="registry.example/guide"),
            dict(model_cache_dir="relative/dir"), dict(hf_token_secret="Bad_Name"),
-           dict(namespace="Not-A-Namespace"), dict(name="Vllm"), dict(ep_num_comms=17),
-           dict(backend="naive"), dict(instance_type="p4d.24xlarge"),
-           dict(model_revision="main")]
-    for change in bad:
-        with pytest.raises(ParameterError):
-            mf.vllm_objects(**{**SERVE, **change})
+           dict(namespace="Not-A-Namespace"), dict(num_comms=17),
+           dict(all2all_backend="naive"), dict(instance_type="p4d.24xlarge"),
+           dict(model_revision="main"), dict(model="not a model"), dict(nodes=0),
+           dict(gpus_per_node=0)]
+    for context in ("kube", "plan"):
+        for change in bad:
+            (name, value), = change.items()
+            with pytest.raises(ParameterError, match=f"parameter '{name}'"):
+                registry.resolve(stage, {"context": context, "engine": "vllm", **change})
+    # a plan for slurm, whose transformers serve runs on CPU nodes: no GPU asked of a node
+    assert registry.resolve(stage, {"context": "plan", "plan_for": "slurm",
+                                    "engine": "transformers", "gpus_per_node": 0})
+
+
+def test_the_pull_policy_follows_the_image_s_form_and_the_contract_holds_over_a_job_s_env():
     assert serve_container(mf.vllm_objects(**SERVE))["imagePullPolicy"] == "IfNotPresent"
     assert serve_container(mf.vllm_objects(**{**SERVE, "image": TAGGED}))["imagePullPolicy"] == "Always"
-    with pytest.raises(ParameterError):  # contradicts the EFA contract
-        mf.rank_objects(run_id=RUN, image=IMAGE, nodes=1, argv=lambda n: ["true"],
-                        env=lambda n: {"FI_PROVIDER": "tcp"})
+    # the transport's contract is the pods' whatever a job's env says (the guide's jobs say the
+    # same: test_ep's env is built for its contract), and its unset variables are never set
+    from lib.engines.transport import transport_env, unset_vars
+
+    for transport in ("efa", "gin_type5"):
+        contract = transport_env(transport)
+        gone = unset_vars(transport)
+        objects = mf.rank_objects(run_id=RUN, image=IMAGE, nodes=1, argv=lambda n: ["true"],
+                                  env=lambda n: {"FI_PROVIDER": "tcp", "MINE": "1",
+                                                 **{v: "1" for v in gone}},
+                                  transport=transport)
+        env = env_of(next(c for _, _, c in containers(objects)))
+        assert env["MINE"] == "1" and not set(gone) & set(env)
+        assert {k: env[k] for k in contract} == dict(contract)
 
 
 def test_rank_objects_make_node_0_the_rendezvous_by_dns():
@@ -519,23 +553,22 @@ def test_the_pythonpath_prefix_puts_the_guide_first_and_keeps_the_image_s_own(
     assert done.stdout.split("\n")[0] == f"{expected} ['a b', 'c']"
 
 
-@pytest.mark.parametrize("modules, why", [
-    ({"lib/a.b.py": "", "lib/a/b.py": ""}, "distinct and valid"),
-    ({"lib/big.py": "x" * (mf.MODULES_MAX_BYTES + 1)}, f"at most {mf.MODULES_MAX_BYTES} bytes"),
-])
-def test_a_configmap_of_guide_files_refuses_clashing_keys_and_too_many_bytes(modules, why):
-    with pytest.raises(ParameterError, match="modules") as err:
-        kernel_objects(modules=modules)
-    assert why in str(err.value)
-
-
 def test_the_guide_files_of_the_jobs_are_well_under_the_cap():
-    """Today's files (03's and 07's) are a small part of what one ConfigMap may hold."""
+    """Today's files (03's and 07's) are a small part of what one ConfigMap may hold, each
+    under its own key (a valid ConfigMap key: letters, digits, '-', '_', '.')."""
+    import re
+
     from lib.stages.train import TRAIN_MODULES
 
     for paths in (deepep.TEST_EP_MODULES, TRAIN_MODULES):
         size = sum(len(p.encode()) + len(t.encode()) for p, t in guide_files(paths).items())
         assert size < mf.MODULES_MAX_BYTES / 4, (paths, size)
+        keys = [mf.module_key(p) for p in paths]
+        assert len(set(keys)) == len(keys), paths
+        assert all(re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", k) for k in keys), keys
+        data = mf.modules_configmap(name="x", namespace=NS, modules=guide_files(paths),
+                                    meta_labels={})["data"]
+        assert sorted(data) == sorted(keys)
     assert mf.MODULES_MAX_BYTES <= 256 * 1024 // 2  # under kubectl apply's annotation cap
 
 
@@ -648,8 +681,6 @@ def test_the_aiperf_job_runs_once_against_the_leader_and_prints_its_artifacts(tm
     url = "http://vllm-http.deepep-repro.svc:8000"
     assert url == mf.leader_url() and f"--url {url}" in script
     assert stream.pack_command(f"{mf.ARTIFACT_ROOT}/aiperf", "aiperf") in script
-    with pytest.raises(ParameterError):  # not against the leader's Service
-        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=["aiperf", "profile", "--url", "http://x:8000"])
     # The same script, run by sh with a fake AIPerf writing into a folder here: the files come
     # back through the log, and AIPerf's exit code is the job's.
     block = f"guide-test-{os.getpid()}-{time.monotonic_ns()}"
@@ -668,12 +699,13 @@ def test_the_aiperf_job_runs_once_against_the_leader_and_prints_its_artifacts(tm
 
 
 def test_the_aiperf_job_of_a_hub_model_sits_beside_the_leader_with_its_cache_read_only():
-    """With model_cache_dir: the Job's pod must share a node with the leader pod (the labels the
-    HTTP Service selects it by, StatefulSet or LeaderWorkerSet), the node's model cache mounted
-    read-only, HF_HOME there; refused without the leader's labels."""
+    """With the leader's model cache: the Job's pod must share a node with the leader pod (the
+    labels the HTTP Service selects it by, StatefulSet or LeaderWorkerSet), the node's model
+    cache mounted read-only, HF_HOME there; a cache never comes without the leader's labels
+    (one value, LeaderCache)."""
     beside = mf.leader_selector(RUN, mf.DEFAULT_SERVE_NAME)
     job = mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv,
-                        model_cache_dir="/mnt/nvme/hf-cache", beside=beside)
+                        leader_cache=mf.LeaderCache("/mnt/nvme/hf-cache", beside))
     pod = job["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term == {"labelSelector": {"matchLabels": beside}, "topologyKey": mf.HOSTNAME_LABEL}
@@ -694,16 +726,14 @@ def test_the_aiperf_job_of_a_hub_model_sits_beside_the_leader_with_its_cache_rea
     lws = mf.leaderworkerset_objects(**SERVE)
     (lws_http,) = [o for o in lws if o["kind"] == "Service"]
     assert lws_http["spec"]["selector"] == mf.leader_selector(RUN, "vllm", lws=True)
-    # without a cache nothing of it; a cache without the leader's labels is refused
+    # without a cache nothing of it; a cache is one value with the leader's labels, and a
+    # relative model_cache_dir is refused by the stage's model, naming it
     plain = mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv)["spec"]["template"]["spec"]
     assert "affinity" not in plain and [v["name"] for v in plain["volumes"]] == ["artifacts"]
-    for bad in (None, {}):
-        with pytest.raises(ParameterError, match="beside"):
-            mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv,
-                          model_cache_dir="/mnt/nvme/hf-cache", beside=bad)
-    with pytest.raises(ParameterError, match="model_cache_dir"):
-        mf.aiperf_job(run_id=RUN, image=IMAGE, argv=aiperf_argv, model_cache_dir="cache",
-                      beside=beside)
+    with pytest.raises(TypeError):
+        mf.LeaderCache("/mnt/nvme/hf-cache")  # type: ignore[call-arg]
+    with pytest.raises(ParameterError, match="parameter 'model_cache_dir'"):
+        registry.resolve("05_sweep", {"context": "kube", "model_cache_dir": "cache"})
 
 
 # ---- a real control plane (Kubernetes 1.20.2) ------------------------------------------------------

@@ -47,7 +47,7 @@ def effects_forbidden(monkeypatch):
     monkeypatch.delenv("REPRO_REPLAY", raising=False)
     for name in ("open_record", "open_replay", "write_run_json"):
         monkeypatch.setattr(opening, name, tripwire)
-    monkeypatch.setattr(opening.places, "check_engine", tripwire)
+    monkeypatch.setattr(opening.places, "engine_refusal", tripwire)  # reads this machine
     monkeypatch.setattr(opening.places, "engine_default", tripwire)
 
 

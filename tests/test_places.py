@@ -3,6 +3,7 @@ default that comes from the place (never from this machine's GPUs on a cluster p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +136,10 @@ def test_a_cluster_place_serves_with_vllm_whatever_this_machine_has(tmp_path):
     """The engine '' resolves to the place's pick: vLLM on kube, slurm and plan, though this
     machine has no GPU (where the local place picks transformers)."""
     for context in ("kube", "slurm", "plan"):
-        assert places.engine_default({"context": context}) == "vllm"
+        assert places.engine_default(places.PlaceSpec(context=context)) == "vllm"
+        assert places.engine_refusal(places.PlaceSpec(context=context, engine="vllm")) is None
+    assert places.engine_default(places.PlaceSpec(context="local")) == "transformers"
+    # values not yet made into a spec are made into one by the stage layer (lib.stages.specs)
     assert places.engine_default({"context": "local"}) == "transformers"
     ns = {"context": "plan", "results_dir": str(tmp_path), "run_id": "p1"}
     stage = open_stage("04_serve", ns)
@@ -252,3 +256,90 @@ def test_long_object_names_that_differ_at_the_end_stay_distinct():
     assert all(len(n) == NAME_MAX and NAME_RULE.match(n) for n in names)
     assert all(n.startswith("aiperf-vllm-allgather-reducesca-") for n in names)
     assert object_name("test_ep at 128 tokens") == "test-ep-at-128-tokens"  # short: unchanged
+    # whatever it is given, a valid name (a Service's must begin with a letter)
+    for what in ("05_sweep.log", "8 arms", "", "-", "x" * 80, "9" * 80):
+        name = object_name(what)
+        assert len(name) <= NAME_MAX and NAME_RULE.match(name), (what, name)
+
+
+# ---- what a place is handed: typed values, never a parameter by its name -----------------------
+PLACES_DIR = Path(__file__).resolve().parents[1] / "lib" / "places"
+
+
+def parameter_reads(path: Path) -> list[str]:
+    """Where a module reads a parameter by its name: `<x>.params` (the stage's parameters as a
+    bag), or a parameter's name as the key of a subscript or a `.get` on a stage, its params, or
+    values resolved from them."""
+    import ast
+
+    names = set(registry.PARAMS)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "params":
+            found.append(f"{path.name}:{node.lineno} .params")
+        key, subject = None, None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key, subject = node.slice.value, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and node.args and isinstance(node.args[0], ast.Constant)):
+            key, subject = node.args[0].value, node.func.value
+        if key in names and subject is not None:
+            said = ast.unparse(subject)
+            if said in ("p", "values", "given") or any(
+                    w in said for w in ("stage", "params", "resolved")):
+                found.append(f"{path.name}:{node.lineno} {said}[{key!r}]")
+    return found
+
+
+def test_no_place_module_reads_a_parameter_by_its_name_or_checks_one():
+    """lib/places takes the values its stage hands it (lib.places.base.PlaceSpec and the typed
+    specs): no parameter is read by its name, and none is refused there (the stage's model
+    refused it before any effect: lib.stages.registry, lib.stages.rules_places)."""
+    modules = sorted(PLACES_DIR.rglob("*.py"))
+    assert len(modules) > 20
+    assert [r for m in modules for r in parameter_reads(m)] == []
+    assert [m.name for m in modules if "raise ParameterError" in m.read_text()] == []
+    assert [m.name for m in modules if "ParameterError" in m.read_text()] == []
+
+
+def test_the_parameter_read_check_finds_a_read_by_name(tmp_path):
+    """The FAIL path of the check above, on the forms a read took."""
+    place = tmp_path / "place.py"
+    place.write_text("def f(self, stage, p, pod):\n"
+                     "    a = self.stage['image']\n"
+                     "    b = stage.params.get('context')\n"
+                     "    c = p.get('engine')\n"
+                     "    d = pod.get('image')  # a pod's JSON: not a parameter\n")
+    assert sorted(parameter_reads(place)) == [
+        "place.py:2 self.stage['image']", "place.py:3 .params",
+        "place.py:3 stage.params['context']", "place.py:4 p['engine']"]
+
+
+def test_a_stage_hands_its_place_the_spec_built_once_from_its_model(tmp_path):
+    """open_stage attaches the PlaceSpec built from the stage's typed model; the place reads
+    its attributes; a replay builds it from the recorded parameters the same way; a Stage made
+    without the opener builds the same spec on first use."""
+    from lib.places.base import PlaceSpec
+    from lib.stages import specs
+
+    ns = {"context": "plan", "results_dir": str(tmp_path), "run_id": "p3", "nodes": 4,
+          "kube_workload": "leaderworkerset", "model_cache_dir": "/mnt/nvme/hf-cache"}
+    stage = open_stage("04_serve", ns)
+    spec = stage.place_spec
+    assert isinstance(spec, PlaceSpec) and spec == specs.place_spec(stage.params)
+    assert (spec.context, spec.plan_for, spec.nodes, spec.gpus_per_node, spec.engine) == (
+        "plan", "kube", 4, 8, "vllm")
+    assert spec.leaderworkerset and spec.model_cache_dir == "/mnt/nvme/hf-cache"
+    place = places.for_stage(stage)
+    assert place.spec is spec and type(place) is KubePlan and place.namespace == spec.namespace
+    # the recorded parameters (params.json, a dict) give the same spec
+    recorded = json.loads((tmp_path / "p3" / "04_serve" / "params.json").read_text())
+    assert specs.place_spec(recorded) == spec == specs.place_spec_of(stage.params.as_dict())
+    made = Stage("04_serve", stage.params, tmp_path / "p3", Door(tmp_path / "p3", "04_serve"),
+                 None)
+    assert made.place_spec == spec
+    # a stage that does not take a parameter hands None for it
+    roots = specs.place_spec(registry.resolve("01_public_roots", {}))
+    assert roots.image is None and roots.model is None and roots.context == "local"
+    with pytest.raises(Exception):  # frozen: a place cannot change what it was handed
+        spec.nodes = 1  # type: ignore[misc]

@@ -151,7 +151,8 @@ def test_backstop_stops_a_server_left_running(tmp_path, model_dir):
     """An exception inside the block still stops the server (the context manager's finally)."""
     stage = make_stage(tmp_path / "run")
     with pytest.raises(RuntimeError, match="boom"):
-        with serve.local_server(stage, model_dir) as server:
+        with serve.local_server(stage, model_dir,
+                                timeout_s=stage["server_timeout_s"]) as server:
             assert server.ready
             pid = server.proc.pid
             raise RuntimeError("boom")
@@ -179,12 +180,19 @@ def test_a_place_that_cannot_serve_skips_with_its_reason(tmp_path, context, said
 
 
 def test_engine_picked_by_hardware_here(tmp_path):
+    """The local place says why this machine cannot serve with vLLM; the stage layer refuses
+    the parameter with it (lib.stages.rules_places), before any effect."""
     from lib.core.params import ParameterError
-    from lib.places.local import check_engine_here, engine_for_this_machine
+    from lib.places import PlaceSpec
+    from lib.places.local import engine_for_this_machine, engine_refusal_here
+    from lib.stages.rules_places import check_engine_here
 
     assert engine_for_this_machine() == "transformers"  # no vllm (and no GPU) here
+    assert "needs 2 or more GPUs" in engine_refusal_here("vllm")
+    assert engine_refusal_here("transformers") is None
     with pytest.raises(ParameterError, match="'engine' = 'vllm'.*needs 2 or more GPUs"):
-        check_engine_here({"engine": "vllm"})
+        check_engine_here(PlaceSpec(context="local", engine="vllm"))
+    check_engine_here(PlaceSpec(context="kube", engine="vllm"))  # a cluster's nodes serve it
 
 
 def test_helpers():

@@ -70,15 +70,16 @@ def test_one_machine_serves_direct_and_the_guide_s_allgather_is_sglang_s_none():
 
 
 @pytest.mark.parametrize("given, named", [
-    ({"backend": "deepep_low_latency"}, "all2all_backend"),
-    ({"role": "worker", "start_rank": 4}, "start_rank"),
-    ({"role": "worker", "start_rank": 0}, "start_rank"),
-    ({"rendezvous": None}, "rendezvous"),
+    ({"all2all_backend": "deepep_low_latency"}, "all2all_backend"),
+    ({"ab_backends": "deepep_v2,deepep_low_latency"}, "ab_backends"),
     ({"transport": "carrier-pigeon"}, "transport"),
 ])
 def test_a_serve_sglang_cannot_run_is_refused_naming_the_parameter(given, named):
+    """Refused by the stage's model before anything is rendered (what the place decides, the
+    role, start rank and rendezvous of each node, is rendered as given)."""
+    stage = "05_sweep" if "ab_backends" in given else "04_serve"
     with pytest.raises(ParameterError, match=f"'{named}'"):
-        sglang.SglangEngine().command(spec(**given))
+        registry.resolve(stage, {"context": "plan", "engine": "sglang", **given})
 
 
 def logs_of(paths) -> dict[str, str]:

@@ -5,6 +5,7 @@ import gzip
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,7 @@ import pytest
 from lib.measure import aiperf as aiperf_export
 from lib.core import evidence
 from lib.engines import models
-from lib.stages import registry as params
+from lib.stages import ab, registry as params
 from lib.engines import server as served
 from lib.measure import sweep
 from lib.core.door import Door, read_transcript
@@ -196,7 +197,8 @@ def test_failed_requests_give_an_error_row_and_failing_gates(tmp_path):
     port = stage.door.free_port()
     nowhere = served.Server(model_dir, port, stage.path("server.log"))
     cell = sweep.Cell(1, 1)
-    run = sweep.run_cell(stage, nowhere, cell, engine="transformers",
+    plan = ab.sweep_plan(stage.params, 1)
+    run = sweep.run_cell(stage, nowhere, cell, plan, plan.shapes[0], engine="transformers",
                          mmap_dir=stage.path(sweep.MMAP_FOLDER))
     assert run.rc != 0
     frame = sweep.summary_table(stage, [cell], "transformers", 3)
@@ -283,12 +285,17 @@ def test_the_aiperf_shim_hides_torch_from_transformers_tokenizers():
 
 def test_a_cell_warms_up_with_at_least_one_full_batch():
     """8 warmup requests cannot form a batch of 32; with warmup_full_batch each cell's warmup is
-    raised to its concurrency (and its timeout counts them); without it, as given."""
-    p = {"warmup_requests": 8, "warmup_full_batch": True}
-    assert [sweep.cell_warmup(p, c) for c in (4, 8, 32)] == [8, 8, 32]
-    assert [sweep.cell_warmup({**p, "warmup_full_batch": False}, c) for c in (4, 8, 32)] == \
-        [8, 8, 8]
-    assert sweep.cell_warmup({"warmup_requests": 0}, 32) == 0  # a params.json without the key
+    raised to its concurrency (and its timeout counts them); without it (a run recorded before
+    it: its legacy false), as given. The plan is the stage's (lib.stages.ab.sweep_plan)."""
+    p = params.resolve("05_sweep", {"engine": "vllm", "warmup_requests": 8,
+                                    "warmup_full_batch": True})
+    plan = ab.sweep_plan(p, p["repeats"])
+    assert [plan.warmup(c) for c in (4, 8, 32)] == [8, 8, 32]
+    assert [replace(plan, warmup_full_batch=False).warmup(c) for c in (4, 8, 32)] == [8, 8, 8]
+    assert params.PARAMS["warmup_full_batch"].legacy is False
+    none = ab.sweep_plan(params.resolve("05_sweep", {"warmup_requests": 0,
+                                                     "warmup_full_batch": False}), 1)
+    assert none.warmup(32) == 0
 
 
 def test_aiperf_exit_error_box_becomes_one_plain_line():
@@ -313,18 +320,20 @@ def test_a_cell_measures_at_least_requests_per_slot_times_its_concurrency():
     recorded before the parameter existed replays with 0 (its legacy value)."""
     p = params.resolve("05_sweep", {"engine": "vllm"})
     assert p["requests_per_slot"] == 5 and p["request_count"] == 48
-    assert [sweep.cell_requests(p, c) for c in (4, 8, 32)] == [48, 48, 160]
-    assert sweep.requests_said(p) == "48 / 48 / 160 (at concurrency 4 / 8 / 32)"
-    off = {**p, "requests_per_slot": 0}
-    assert [sweep.cell_requests(off, c) for c in (4, 8, 32)] == [48, 48, 48]
-    assert sweep.requests_said(off) == "48"
+    plan = ab.sweep_plan(p, p["repeats"])
+    assert plan.concurrency == (4, 8, 32) and plan.repeats == p["repeats"] == 3
+    assert [plan.requests(c) for c in (4, 8, 32)] == [48, 48, 160]
+    assert plan.requests_said() == "48 / 48 / 160 (at concurrency 4 / 8 / 32)"
+    off = ab.sweep_plan(params.resolve("05_sweep", {"engine": "vllm", "requests_per_slot": 0}),
+                        p["repeats"])
+    assert [off.requests(c) for c in (4, 8, 32)] == [48, 48, 48]
+    assert off.requests_said() == "48"
+    # a run recorded before the parameter existed replays with its legacy value, 0
     assert params.PARAMS["requests_per_slot"].legacy == 0
-    before = {k: v for k, v in p.items() if k != "requests_per_slot"}  # a run's params.json
-    assert sweep.cell_requests(before, 32) == 48
     with pytest.raises(params.ParameterError, match="requests_per_slot"):
         params.resolve("05_sweep", {"requests_per_slot": -1})
     argv = sweep.aiperf_argv(engine="vllm", model_dir="m", url="http://127.0.0.1:1",
-                             concurrency=32, request_count=sweep.cell_requests(p, 32),
+                             concurrency=32, request_count=plan.requests(32),
                              warmup_requests=32, input_tokens=120, output_tokens=128, seed=0,
                              artifact_dir="a", cores=None)
     assert argv[argv.index("--request-count") + 1] == "160"

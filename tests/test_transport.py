@@ -3,8 +3,9 @@
 import pytest
 
 from lib.core.errors import ParameterError
+from lib.stages import registry
 from lib.engines.transport import (DEFAULT_PLUGIN_PATH, DROPPED_BY_REVIEW, EFA, INTRANODE_NVLINK,
-                           TRANSPORTS, apply_transport, contract, nccl_preload, transport_env,
+                           TRANSPORTS, apply_transport, nccl_preload, transport_env,
                            unset_vars)
 
 SITE = "/opt/venv/lib/python3.12/site-packages"
@@ -34,11 +35,10 @@ def test_efa_contract_exact():
     assert transport_env("efa") == EFA_EXACT
 
 
-def test_efa_plugin_path_is_a_parameter():
+def test_efa_plugin_path_is_an_argument():
+    """Its callers give the default or a place's own plugin path (never an empty one)."""
     env = transport_env("efa", plugin_path="/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so")
     assert env["NCCL_NET_PLUGIN"] == "/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so"
-    with pytest.raises(ParameterError, match="plugin_path"):
-        transport_env("efa", plugin_path="")
 
 
 def test_review_dropped_variables_are_never_set():
@@ -66,8 +66,9 @@ def test_intranode_without_a_site_has_no_preload_and_deepep_refuses_it():
     assert "LD_PRELOAD" not in bare
     assert set(transport_env("intranode_nvlink", nccl_site=SITE)) - set(bare) == {"LD_PRELOAD"}
     from lib.engines.vllm_args import vllm_env
-    with pytest.raises(ParameterError, match="nccl_site.*2.30.4"):
-        vllm_env(backend="deepep_v2", ep_num_comms=1, transport="intranode_nvlink")
+    # a deepep_* backend on one machine without the site: the stage's model refuses it
+    with pytest.raises(ParameterError, match="'nccl_site'.*2.30.4.*'deepep_v2'"):
+        registry.resolve("04_serve", {"engine": "vllm", "all2all_backend": "deepep_v2"})
     env = vllm_env(backend="allgather_reducescatter", ep_num_comms=1,
                    transport="intranode_nvlink")
     assert "LD_PRELOAD" not in env and env["EP_DISABLE_GIN"] == "1"
@@ -111,10 +112,13 @@ def test_apply_transport_removes_and_sets():
     assert efa["NCCL_NET_PLUGIN"] == DEFAULT_PLUGIN_PATH
 
 
-def test_unknown_transport_names_the_allowed_values():
-    for call in (lambda: transport_env("ib"), lambda: unset_vars("ib"), lambda: contract("ib")):
-        with pytest.raises(ValueError, match="efa, gin_type5, intranode_nvlink"):
-            call()
+@pytest.mark.parametrize("stage", ["03_kernel_test", "04_serve", "07_train"])
+def test_an_unknown_transport_is_refused_by_the_stage_s_model_naming_the_allowed_values(stage):
+    with pytest.raises(ParameterError,
+                       match="'transport' = 'ib'.*efa, gin_type5, intranode_nvlink"):
+        registry.resolve(stage, {"transport": "ib"})
+    assert TRANSPORTS == ("efa", "gin_type5", "intranode_nvlink") == registry.PARAMS[
+        "transport"].rule.options
 
 
 def test_every_variable_says_why_and_where():
@@ -129,7 +133,7 @@ def test_deepep_pythonpath_orders_site_checkout_inherited_and_names_what_is_miss
 
     assert deepep_pythonpath("/s", "/d", "/a:/b") == "/s:/d:/a:/b"
     assert deepep_pythonpath("/s", "/d") == "/s:/d"
-    with pytest.raises(ParameterError, match="'nccl_site'.*2.30.4.*3.6.5"):
-        deepep_pythonpath("", "/d")  # the one place vllm_args and deepep rely on
-    with pytest.raises(ParameterError, match="'deepep_dir'"):
-        deepep_pythonpath("/s", None)
+    # deepep_dir without the site it was built against: the stage's model refuses it
+    for stage in ("03_kernel_test", "04_serve"):
+        with pytest.raises(ParameterError, match="'nccl_site'.*2.30.4.*deepep_dir"):
+            registry.resolve(stage, {"deepep_dir": "/d"})

@@ -46,11 +46,13 @@ def test_the_floor_refuses_every_pin_set_below_nccl_2_31_and_allows_the_one_abov
     allowed = [n for n in pins.set_names(data)
                if not transport.floor_problems("gin_type5", pins.set_pins(data, n))]
     assert allowed == ["newest-2026-12"]  # NCCL 2.31.2, installer 1.51.0; the rest pin 2.30.4
+    # the rule, once, in the stage's model (lib.stages.rules_engines), through resolve
     with pytest.raises(ParameterError) as refused:
-        transport.check_pin_set("gin_type5", "seed-2026-07",
-                                pins.set_pins(data, "seed-2026-07"))
+        registry.resolve("04_serve", {"context": "plan", "transport": "gin_type5",
+                                      "pin_set": "seed-2026-07"})
     said = str(refused.value)
     assert "'transport'" in said and "seed-2026-07" in said and "nccl 2.30.4 < 2.31" in said
+    assert "-p pin_set newest-2026-12" in said
     low = {"nccl": {"version": "2.31.0"}, "efa_installer": {"version": "1.49.1"}}
     assert transport.floor_problems("gin_type5", low) == [
         "efa_installer 1.49.1 < 1.50 (EFA installer >= 1.50 (libfabric 2.6.0, rdma-core "

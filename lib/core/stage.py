@@ -66,6 +66,28 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 REFUSED_GATE = "the cluster answers"
 
 
+# What a stage's place is handed (lib.places.base.PlaceSpec) is built from the stage's
+# parameters by the stage layer, lib.stages.specs, which registers its builder here when it is
+# imported: core imports nothing above it. A Stage builds its spec once, on first use, unless
+# lib.stages.opening attached it when the stage opened.
+_place_spec_builders: list[Callable[[Any], Any]] = []
+
+
+def register_place_spec(build: Callable[[Any], Any]) -> None:
+    """The stage layer's builder of a place's values from a stage's parameters."""
+    _place_spec_builders[:] = [build]
+
+
+def build_place_spec(params: Any) -> Any:
+    """The values a place is handed (lib.places.base.PlaceSpec), from a stage's parameters (its
+    typed model, or a replay's recorded values), by the stage layer's registered builder."""
+    if not _place_spec_builders:
+        raise RuntimeError("no builder of a place's values is registered: import "
+                           "lib.stages.specs (lib.stages.registry imports it) before a stage "
+                           "asks its place")
+    return _place_spec_builders[0](params)
+
+
 class StageInterrupted(KeyboardInterrupt):
     """Raised in a stage's kernel by SIGTERM or SIGHUP: the stage is being stopped (lib.runner
     on SIGINT/SIGTERM/SIGHUP, or anyone's kill). A KeyboardInterrupt, so nothing that catches
@@ -106,6 +128,7 @@ class Stage:
         self.gates: list[Gate] = []
         self._resources: list = []  # cleanups (servers) run by finish, or at exit
         self.refusal: PlaceError | None = None  # the cluster refused: finish raises after gates
+        self._place_spec: Any = None  # what its place is handed (place_spec), built once
         self.outputs_version = OUTPUTS_VERSION
         record = Path(recorded_run or "") / "run.json"
         if recorded_run is not None and record.exists():  # what its notebooks output
@@ -115,6 +138,18 @@ class Stage:
     # ---- parameters --------------------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
         return self.params[key]
+
+    @property
+    def place_spec(self) -> Any:
+        """The typed values this stage hands its place (lib.places.base.PlaceSpec), built once
+        from its parameters by the stage layer (build_place_spec)."""
+        if self._place_spec is None:
+            self._place_spec = build_place_spec(self.params)
+        return self._place_spec
+
+    @place_spec.setter
+    def place_spec(self, spec: Any) -> None:
+        self._place_spec = spec
 
     # ---- artifacts ---------------------------------------------------------------------------
     def path(self, *parts: str) -> Path:

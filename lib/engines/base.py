@@ -27,9 +27,14 @@ the chosen pin set does not pin is a parameter error (lib.stages.registry). `exp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Literal, Mapping, get_args
 
-ROLES = ("leader", "worker", "local", "task")
+from lib.engines.transport import Transport
+
+# A process's role in a serve: what the place that renders it decides (node 0 or a later node,
+# one machine, an MPI task), never a parameter
+Role = Literal["leader", "worker", "local", "task"]
+ROLES: tuple[str, ...] = get_args(Role)
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,13 @@ class EngineSpec:
     `role`: 'leader' (node 0 of a multi-node serve: HTTP and the rendezvous), 'worker' (node
     k > 0, no HTTP, ranks from `start_rank`), 'local' (one machine, its GPUs the ranks), or
     'task' (one rank of an MPI world the cluster's scheduler launched: `launch` "mpi_world").
-    DP = EP = nodes x gpus_per_node with TP 1 (the public reproduction's layout)."""
+    DP = EP = nodes x gpus_per_node with TP 1 (the public reproduction's layout).
+
+    Built by a place from the stage's serve spec and what the place decides (role, ranks,
+    ports, the rendezvous): the values the stage's parameter model accepted, and nothing an
+    engine checks again."""
     model: str
-    role: str = "local"
+    role: Role = "local"
     nodes: int = 1
     gpus_per_node: int = 1
     start_rank: int = 0
@@ -53,7 +62,7 @@ class EngineSpec:
     rendezvous: str | None = None  # the leader's address (leader and workers)
     rpc_port: int | None = None
     revision: str | None = None  # weights and tokenizer at this commit (None: the default)
-    transport: str = "efa"  # lib.engines.transport's contract for its GPU processes
+    transport: Transport = "efa"  # lib.engines.transport's contract for its GPU processes
     python: str | None = None  # the interpreter to run it with (None: its console script)
     plugin_path: str | None = None  # the aws-ofi-nccl plugin's folder (None: the default)
     num_experts: int | None = None  # the model's routed experts (the EP split checks them)

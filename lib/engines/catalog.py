@@ -1,7 +1,6 @@
 """The engines a stage may name (`-p engine`), each answering lib.engines.base's protocol."""
 from __future__ import annotations
 
-from lib.core.errors import ParameterError
 from lib.engines.base import Engine
 from lib.engines.sglang import SglangEngine
 from lib.engines.transformers import TransformersEngine
@@ -13,7 +12,6 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), SglangEngine(), 
 
 
 def engine(name: str) -> Engine:
-    """The engine by its name; a ParameterError naming the known ones otherwise."""
-    if name not in ENGINES:
-        raise ParameterError("engine", name, ", ".join(ENGINES))
+    """The engine by its name: one of ENGINES, as the `engine` parameter's model allows (it
+    refuses any other before the stage opens) or a place resolves '' to."""
     return ENGINES[name]

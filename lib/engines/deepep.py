@@ -11,9 +11,9 @@
   node 0's ``--master-port``), each calling test_ep's per-rank entry through
   lib.bench.test_ep_rank: the cluster form, because spawn overflows NCCL's 256-node topology
   XML cap on p5en and the public reproduction ran test_ep under torchrun (ANCHORS 1.3 and 4).
-  Correctness checks stay ON in both: ``--skip-check`` is refused (the published gate 1 ran with
-  ``skip_check=True``, ANCHORS 1.3 and 4), and so is every flag test_ep.py does not define at the
-  pins read (``--iters`` is V's, never test_ep's).
+  Correctness checks stay ON in both: the argv holds only the flags test_ep_argv sets from its
+  own arguments, never ``--skip-check`` (the published gate 1 ran with ``skip_check=True``,
+  ANCHORS 1.3 and 4) nor any other flag (``--iters`` is V's, never test_ep's).
 - ``test_ep_env``: test_ep's ``init_dist`` contract (``deep_ep/utils/envs.py`` at both pins):
   ``WORLD_SIZE`` = number of NODES, ``RANK`` = node rank, ``MASTER_ADDR``, ``MASTER_PORT`` = the
   rendezvous port; ranks are ``node_rank * num_processes + local_rank``. Plus lib.transport's
@@ -36,16 +36,19 @@ the same argparse flags at both (``TEST_EP_FLAGS``); no PASS marker (correctness
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Literal, get_args
 
 from lib.roots import pins as pins_mod
 from lib.core.door import REPO_ROOT
-from lib.core.errors import ParameterError
-from lib.engines.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, deepep_pythonpath, transport_env
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, Transport, deepep_pythonpath, transport_env
 
 BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
-LAUNCHERS = ("spawn", "torchrun")
+# How test_ep's ranks start: the stage picks it by its place (one machine: spawn; nodes: torchrun)
+Launcher = Literal["spawn", "torchrun"]
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
+# pins.yaml's deepseek-ai/DeepEP git pins: the cluster's, and the one built on a GPU machine here
+DeepepPin = Literal["deepep", "deepep_intranode"]
 TEST_EP_RANK_MODULE = "lib.bench.test_ep_rank"  # torchrun's per-rank entry into test_ep
 # What a torchrun rank of test_ep imports of the guide: the wrapper (stdlib only) and its
 # packages (lib/__init__.py is empty, lib/bench/__init__.py a docstring); tests/test_guide_modules.py
@@ -73,7 +76,8 @@ TEST_EP_FLAGS: dict[str, dict[str, str]] = {
     "dd758caf451848bd150e1046af3d0a73e5fff38d": dict(_FLAGS_B306),
 }
 
-# Flags test_ep.py has but this guide never passes, and why.
+# Flags test_ep.py has but this guide never passes, and why (test_ep_argv passes none but its
+# own: nothing can ask for them).
 REFUSED_FLAGS = {
     "--skip-check": "correctness checks stay ON: test_ep prints no PASS marker, so its "
                     "assert torch.equal(...) checks and the exit code are the only proof "
@@ -81,28 +85,21 @@ REFUSED_FLAGS = {
     "--do-pressure-test": "it loops over range(int(1e9)) seeds and never ends",
     "--skip-perf-test": "it prints no timing lines, so no dispatch+combine p50 is recorded",
 }
-# Set by test_ep_argv's own arguments; not accepted again in ``extra``.
-_SET_BY_BUILDER = ("--num-processes", "--num-tokens", "--hidden", "--num-topk", "--num-experts",
-                   "--test-first-only")
+# Set by test_ep_argv's own arguments: the only flags it passes.
+SET_BY_BUILDER = ("--num-processes", "--num-tokens", "--hidden", "--num-topk", "--num-experts",
+                  "--test-first-only")
 
 # ---- the build ----------------------------------------------------------------------------------
 def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max_jobs: int,
-                      pin: str = "deepep_intranode", arch_list: str | None = None,
+                      pin: DeepepPin = "deepep_intranode", arch_list: str | None = None,
                       python: str = "python3", patched_tree: str | None = None,
                       skip_import: str | None = None, pins_data: dict | None = None) -> list[str]:
     """argv of docker/build_deepep.sh for pins.yaml's ``pin`` (its commit) against the pinned
     nvidia-nccl-cu13 / nvidia-nvshmem-cu13 in ``site``. ``arch_list`` defaults to pins.yaml's
-    TORCH_CUDA_ARCH_LIST build arg."""
+    TORCH_CUDA_ARCH_LIST build arg; ``patched_tree``, a full tree SHA, is the script's check of
+    the patched checkout."""
     data = pins_data if pins_data is not None else pins_mod.load()
-    entry = data["pins"].get(pin)
-    if not entry or entry.get("kind") != "git" or "deepseek-ai/DeepEP" not in entry.get("repo", ""):
-        deepeps = sorted(n for n, p in data["pins"].items()
-                         if p.get("kind") == "git" and "deepseek-ai/DeepEP" in p.get("repo", ""))
-        raise ParameterError("pin", pin, "a deepseek-ai/DeepEP git pin of pins.yaml: "
-                             + ", ".join(deepeps))
-    _positive_int("max_jobs", max_jobs)
-    for name, value in (("src", src), ("site", site), ("log", log), ("python", python)):
-        _nonempty(name, value)
+    entry = data["pins"][pin]
     argv = ["bash", str(BUILD_SCRIPT), "--src", str(src), "--sha", entry["commit"],
             "--site", str(site), "--nccl-version", data["pins"]["nccl"]["version"],
             "--nvshmem-version", data["pins"]["nvshmem"]["version"],
@@ -110,22 +107,19 @@ def build_deepep_argv(*, src: str | Path, site: str | Path, log: str | Path, max
             "--arch-list", arch_list or str(data["build_args"]["TORCH_CUDA_ARCH_LIST"]),
             "--python", python]
     if patched_tree is not None:
-        if not pins_mod.FULL_SHA.match(str(patched_tree)):
-            raise ParameterError("patched_tree", patched_tree, "a full 40-hex tree SHA")
         argv += ["--patched-tree", patched_tree]
     if skip_import is not None:
-        argv += ["--skip-import", _nonempty("skip_import", skip_import)]
+        argv += ["--skip-import", skip_import]
     return argv
 
 
 # ---- the kernel test: argv and env --------------------------------------------------------------
 def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_tokens: int,
                  hidden: int, num_topk: int, num_experts: int, test_first_only: bool = True,
-                 extra: Iterable[str] = (), deepep_commit: str | None = None,
-                 launcher: str = "spawn", nodes: int = 1, node_rank: int = 0,
+                 launcher: Launcher = "spawn", nodes: int = 1, node_rank: int = 0,
                  master_addr: str | None = None, rdzv_port: int | None = None) -> list[str]:
     """test_ep.py's argv on one node, ``--num-processes N --num-tokens T --hidden H --num-topk K
-    --num-experts E [--test-first-only] [extra...]``, in the ``launcher``'s form:
+    --num-experts E [--test-first-only]``, in the ``launcher``'s form:
 
     - ``spawn``: ``python <tests_dir>/test_ep.py <flags>``; test_ep spawns the N ranks.
     - ``torchrun``: ``python -m torch.distributed.run --nproc-per-node=N --nnodes=<nodes>
@@ -133,24 +127,18 @@ def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_
       lib.bench.test_ep_rank <rdzv_port> <tests_dir>/test_ep.py <flags>``: torchrun starts the N
       ranks, each calls test_ep's test_loop (lib.bench.test_ep_rank).
 
-    ``tests_dir`` is the DeepEP checkout's ``tests/elastic``. ``extra`` flags must exist in
-    test_ep.py at ``deepep_commit`` (None: at every pin read, ``TEST_EP_FLAGS``); refused:
-    ``REFUSED_FLAGS`` (``--skip-check`` above all) and the flags this function sets itself.
+    ``tests_dir`` is the DeepEP checkout's ``tests/elastic``. The shape is the stage's (its
+    parameter model keeps top-k within the experts and the experts whole per rank); the node,
+    its rendezvous and the launcher are its place's. The flags are SET_BY_BUILDER only: never
+    ``REFUSED_FLAGS`` (``--skip-check`` above all).
     """
-    if launcher not in LAUNCHERS:
-        raise ParameterError("launcher", launcher, ", ".join(LAUNCHERS))
-    flags = _test_ep_flags(num_processes=num_processes, num_tokens=num_tokens, hidden=hidden,
-                           num_topk=num_topk, num_experts=num_experts,
-                           test_first_only=test_first_only, extra=extra,
-                           deepep_commit=deepep_commit)
-    _nonempty("python", python)
-    script = str(Path(_nonempty("tests_dir", tests_dir)) / TEST_EP_SCRIPT)
+    flags = ["--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
+             "--hidden", str(hidden), "--num-topk", str(num_topk),
+             "--num-experts", str(num_experts)] + (["--test-first-only"] if test_first_only else [])
+    script = str(Path(tests_dir) / TEST_EP_SCRIPT)
     if launcher == "spawn":
         argv = [str(python), script, *flags]
     else:
-        _check_node(nodes, node_rank)
-        _nonempty("master_addr", master_addr)
-        _port("rdzv_port", rdzv_port)
         argv = [str(python), "-m", "torch.distributed.run", f"--nproc-per-node={num_processes}",
                 f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
                 f"--master-port={rdzv_port}", "-m", TEST_EP_RANK_MODULE, str(rdzv_port), script,
@@ -160,79 +148,11 @@ def test_ep_argv(*, python: str, tests_dir: str | Path, num_processes: int, num_
     return argv
 
 
-def _test_ep_flags(*, num_processes: int, num_tokens: int, hidden: int, num_topk: int,
-                   num_experts: int, test_first_only: bool, extra: Iterable[str],
-                   deepep_commit: str | None) -> list[str]:
-    """test_ep.py's own flags (either launch form), checked."""
-    flags = _flags_at(deepep_commit)
-    for name, value in (("num_processes", num_processes), ("num_tokens", num_tokens),
-                        ("hidden", hidden), ("num_topk", num_topk),
-                        ("num_experts", num_experts)):
-        _positive_int(name, value)
-    if num_topk > num_experts:
-        raise ParameterError("num_topk", num_topk, f"an integer in 1..num_experts={num_experts}")
-    if num_experts % num_processes:
-        raise ParameterError("num_experts", num_experts,
-                             f"a multiple of the ranks (num_processes={num_processes} per node)")
-    if not isinstance(test_first_only, bool):
-        raise ParameterError("test_first_only", test_first_only, "True or False")
-    extra = _check_extra(list(extra) if not isinstance(extra, str) else [extra], flags)
-    out = ["--num-processes", str(num_processes), "--num-tokens", str(num_tokens),
-           "--hidden", str(hidden), "--num-topk", str(num_topk), "--num-experts", str(num_experts)]
-    if test_first_only:
-        out.append("--test-first-only")
-    return out + extra
-
-
-def _flags_at(deepep_commit: str | None) -> dict[str, str]:
-    if deepep_commit is None:
-        common = set.intersection(*(set(f) for f in TEST_EP_FLAGS.values()))
-        first = next(iter(TEST_EP_FLAGS.values()))
-        return {f: first[f] for f in common}
-    if deepep_commit not in TEST_EP_FLAGS:
-        raise ParameterError("deepep_commit", deepep_commit,
-                             "a DeepEP commit whose test_ep.py was read: "
-                             + ", ".join(TEST_EP_FLAGS))
-    return TEST_EP_FLAGS[deepep_commit]
-
-
-def _check_extra(extra: list[str], flags: Mapping[str, str]) -> list[str]:
-    out, i = [], 0
-    while i < len(extra):
-        token = str(extra[i])
-        if not token.startswith("--"):
-            raise ParameterError("extra", extra, f"test_ep.py flags; {token!r} is not a flag "
-                                 "(a value must follow the flag that takes it)")
-        flag, eq, value = token.partition("=")
-        if flag in REFUSED_FLAGS:
-            raise ParameterError("extra", extra, f"no {flag}: {REFUSED_FLAGS[flag]}")
-        if flag in _SET_BY_BUILDER:
-            raise ParameterError("extra", extra, f"no {flag}: test_ep_argv sets it from its own "
-                                 "argument")
-        if flag not in flags:
-            raise ParameterError("extra", extra, f"flags test_ep.py defines at the pin; {flag} "
-                                 "is not one of them (known: " + ", ".join(sorted(flags)) + ")")
-        if flags[flag] == "switch":
-            if eq:
-                raise ParameterError("extra", extra, f"{flag} takes no value")
-            out.append(flag)
-            i += 1
-            continue
-        if eq:
-            out += [flag, value]
-            i += 1
-            continue
-        if i + 1 >= len(extra) or str(extra[i + 1]).startswith("--"):
-            raise ParameterError("extra", extra, f"{flag} needs a value")
-        out += [flag, str(extra[i + 1])]
-        i += 2
-    return out
-
-
-def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int, transport: str,
-                nccl_site: str | Path | None, plugin_path: str = DEFAULT_PLUGIN_PATH,
-                deepep_dir: str | Path | None = None, inherited_pythonpath: str | None = None,
-                launcher: str = "spawn") -> dict[str, str]:
+def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
+                transport: Transport, nccl_site: str | Path | None,
+                plugin_path: str = DEFAULT_PLUGIN_PATH, deepep_dir: str | Path | None = None,
+                inherited_pythonpath: str | None = None,
+                launcher: Launcher = "spawn") -> dict[str, str]:
     """The environment of test_ep's process on node ``node_rank`` of ``nodes`` (``spawn``: test_ep
     itself; ``torchrun``: torchrun's agent, whose workers inherit it).
 
@@ -249,33 +169,22 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
     The transport's variables that must be absent: ``lib.transport.unset_vars(transport)``.
     ``deepep_dir``: a DeepEP built in place (a GPU machine, not the image, where deep_ep is
     installed): PYTHONPATH = ``lib.transport.deepep_pythonpath(nccl_site, deepep_dir,
-    inherited_pythonpath)``; it needs ``nccl_site``.
+    inherited_pythonpath)``; it needs ``nccl_site``. On ``intranode_nvlink`` (one machine, one
+    node) the site is the stage's ``nccl_site``, which its parameter model asks for whenever
+    ``deepep_dir`` is given: DeepEP built for it segfaults on torch's own NCCL unless it is
+    preloaded.
     """
-    _check_node(nodes, node_rank)
-    _nonempty("master_addr", master_addr)
-    _port("rdzv_port", rdzv_port)
-    if launcher not in LAUNCHERS:
-        raise ParameterError("launcher", launcher, ", ".join(LAUNCHERS))
-    if transport not in TRANSPORTS:
-        raise ParameterError("transport", transport, ", ".join(TRANSPORTS))
-    if transport == "intranode_nvlink" and not nccl_site:
-        raise ParameterError("nccl_site", nccl_site,
-                             "a site-packages folder holding nvidia-nccl-cu13 2.30.4: DeepEP built "
-                             "for it segfaults on torch's own NCCL unless it is preloaded")
-    if transport == "intranode_nvlink" and nodes != 1:
-        raise ParameterError("nodes", nodes, "1 on the intranode_nvlink transport (one machine's "
-                             "NVLink; across nodes the transport is efa)")
     env = ({"WORLD_SIZE": str(nodes), "RANK": str(node_rank)} if launcher == "spawn" else {})
     env["MASTER_ADDR"] = str(master_addr)
     if launcher == "spawn":
         env["MASTER_PORT"] = str(rdzv_port)
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"})
-    if nccl_site is not None:
-        root = str(Path(_nonempty("nccl_site", nccl_site)) / "nvidia" / "nccl")
+    if nccl_site:
+        root = str(Path(nccl_site) / "nvidia" / "nccl")
         env["EP_NCCL_ROOT_DIR"] = root
         env["NCCL_DIR"] = root
     env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
-    if deepep_dir is not None:  # refuses a missing nccl_site, naming it
+    if deepep_dir is not None:  # with its nccl_site (the parameter model asks for both)
         env["PYTHONPATH"] = deepep_pythonpath(nccl_site, deepep_dir, inherited_pythonpath)
     return env
 
@@ -283,30 +192,3 @@ def test_ep_env(*, nodes: int, node_rank: int, master_addr: str, rdzv_port: int,
 # Their names start with "test_": tell pytest they are not tests when a test module imports them.
 test_ep_argv.__test__ = False  # type: ignore[attr-defined]
 test_ep_env.__test__ = False  # type: ignore[attr-defined]
-
-
-# ---- argument checks ----------------------------------------------------------------------------
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParameterError(name, value, "an integer >= 1")
-    return value
-
-
-def _check_node(nodes, node_rank) -> None:
-    _positive_int("nodes", nodes)
-    if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
-            or not 0 <= node_rank < nodes:
-        raise ParameterError("node_rank", node_rank,
-                             f"an integer in 0..{nodes - 1} (nodes={nodes})")
-
-
-def _port(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ParameterError(name, value, "an integer port in 1..65535")
-    return value
-
-
-def _nonempty(name: str, value) -> str:
-    if value is None or not str(value).strip():
-        raise ParameterError(name, value, "a non-empty string")
-    return str(value)

@@ -24,11 +24,11 @@ PROGRESS_EVERY_S = 15.0
 LOG_TAIL_LINES = 25
 
 
-def resolve_engine(stage) -> str:
-    """The engine this stage serves with: lib.stage.open_stage already turned '' into the
-    machine's pick ('vllm' with 2+ GPUs and vllm importable, else 'transformers') and refused an
-    explicit 'vllm' where it cannot run."""
-    return stage["engine"] or "transformers"
+def resolve_engine(engine: str) -> str:
+    """The engine a stage serves with, given its `engine` parameter: lib.stage.open_stage
+    already turned '' into the machine's pick ('vllm' with 2+ GPUs and vllm importable, else
+    'transformers') and refused an explicit 'vllm' where it cannot run."""
+    return engine or "transformers"
 
 
 @dataclass

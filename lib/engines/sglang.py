@@ -38,11 +38,10 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from lib.core.errors import ParameterError
 from lib.engines import nccl_logs
 from lib.engines.base import Engine, EngineSpec
 from lib.engines.nccl_logs import lines_of, quote
-from lib.engines.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env, unset_vars
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env
 from lib.core.evidence import gate
 
 READ_FROM = "SGLang 0.5.19's wheel (PyPI, read 2026-12-03)"
@@ -87,51 +86,35 @@ _FATAL_RE = re.compile(
     r"|CUDA error: |NCCL error|Assertion .* failed")
 
 
-def check_backend(backend: str) -> str:
-    if backend not in A2A_BACKENDS:
-        raise ParameterError("all2all_backend", backend,
-                             f"{' or '.join(A2A_BACKENDS)} with engine sglang (its "
-                             "--moe-a2a-backend deepep_v2 or none)")
+def a2a_backend(backend: str) -> str:
+    """SGLang's --moe-a2a-backend for the guide's backend name: one of A2A_BACKENDS, what the
+    stage's parameter model allows with engine sglang (SglangEngine.backends)."""
     return A2A_BACKENDS[backend]
 
 
 def node_rank(spec: EngineSpec) -> int:
-    if spec.start_rank % spec.gpus_per_node:
-        raise ParameterError("start_rank", spec.start_rank,
-                             f"a multiple of gpus_per_node ({spec.gpus_per_node})")
+    """The node's rank: its first DP rank over GPUs per node (the place gives node k
+    k x gpus_per_node)."""
     return spec.start_rank // spec.gpus_per_node
 
 
 def sglang_env(spec: EngineSpec) -> dict[str, str]:
     """The environment of one SGLang process (any node): the transport's contract, NCCL's own
     per-rank lines on (SGLang prints none of its own), and the dispatch budget."""
-    if spec.transport not in TRANSPORTS:
-        raise ParameterError("transport", spec.transport, ", ".join(TRANSPORTS))
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
            "EP_NUM_COMMS": str(spec.ep_num_comms),
            DISPATCH_TOKENS_ENV: str(DISPATCH_TOKENS_PER_RANK)}
     env.update(transport_env(spec.transport, nccl_site=spec.nccl_site,
                              plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH))
-    clash = sorted(set(spec.extra_env) & set(unset_vars(spec.transport)))
-    if clash:
-        raise ParameterError("extra_env", dict(spec.extra_env),
-                             f"variables other than {', '.join(clash)} (the {spec.transport} "
-                             "transport requires them unset)")
     env.update({str(k): str(v) for k, v in spec.extra_env.items()})
     return env
 
 
 def sglang_argv(spec: EngineSpec) -> list[str]:
-    a2a = check_backend(spec.backend)
-    if spec.role not in ("leader", "worker", "local"):
-        raise ParameterError("role", spec.role, "leader, worker or local")
+    """One node's process (role leader, worker or local, as its place renders it: across nodes
+    every node is given the leader's address, `rendezvous`)."""
+    a2a = a2a_backend(spec.backend)
     rank = node_rank(spec)
-    if spec.nodes > 1 and not spec.rendezvous:
-        raise ParameterError("rendezvous", spec.rendezvous,
-                             "the leader's address (every node's --dist-init-addr)")
-    if (spec.role == "leader") != (rank == 0) and spec.role != "local":
-        raise ParameterError("start_rank", spec.start_rank,
-                             "0 for the leader, k x gpus_per_node for worker k")
     dp = spec.dp_size
     prog = ([spec.python, "-m", LAUNCH_MODULE] if spec.python
             else [spec.console_script or CONSOLE_SCRIPT, "serve"])
@@ -168,7 +151,7 @@ def _ranked(line: str) -> int | None:
 
 def backend_gate(leader: str, backend: str, *, log_name: str) -> dict:
     """The leader's resolved arguments name the all-to-all backend asked (engine.py:1098)."""
-    want = check_backend(backend)
+    want = a2a_backend(backend)
     lines = lines_of(leader)
     found = [(i, l, m.group(1)) for i, l in enumerate(lines, 1) for m in [_ARGS_RE.search(l)] if m]
     got = found[0][2] if found else None
@@ -185,7 +168,7 @@ def buffer_gate(every: str, spec: EngineSpec, *, log_name: str) -> dict:
     lines = lines_of(every)
     built = [(i, l, m) for i, l in enumerate(lines, 1) for m in [_BUFFER_RE.search(l)] if m]
     dp, hybrid = spec.dp_size, spec.nodes > 1
-    if check_backend(spec.backend) == "none":
+    if a2a_backend(spec.backend) == "none":
         return gate("sglang_no_deepep_buffer", not built, len(built), 0,
                     f"{len(built)} ElasticBuffer line(s) with --moe-a2a-backend none" if built
                     else "no rank built a DeepEP buffer (--moe-a2a-backend none)",
@@ -269,7 +252,7 @@ class SglangEngine(Engine):
         every = "\n".join(logs.values())
         sources = ", ".join(evidence)
         gates = [backend_gate(leader, spec.backend, log_name=log_name)]
-        if check_backend(spec.backend) == "deepep_v2":
+        if a2a_backend(spec.backend) == "deepep_v2":
             gates.append(mode_gate(dict(zip(evidence, logs.values())), spec))
         gates.append(buffer_gate(every, spec, log_name=sources))
         gates.append(ready_gate(leader, log_name=log_name))

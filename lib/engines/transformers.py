@@ -1,8 +1,9 @@
 """The local server: the seeded MoE behind ``transformers serve``, started and stopped by the door.
 
-``local_server(stage, model_dir)`` is the one way a stage gets a server on the local context::
+``local_server(stage, model_dir, timeout_s=...)`` is the one way a stage gets a server on the local
+context (the local place serves its ServeSpec through it, the timeout the spec's)::
 
-    with local_server(stage, model_dir, timeout_s=stage["server_timeout_s"]) as server:
+    with local_server(stage, model_dir, timeout_s=spec.timeout_s) as server:
         if server.ready:
             ...  # requests to server.url
 
@@ -80,14 +81,17 @@ def model_flavor(engine: str) -> str:
     return "vllm" if engine == "vllm" else "tiny"
 
 
-def build_model(stage, engine: str = "transformers") -> tuple[dict[str, Any] | None, Gate]:
-    """`python -m lib.models build` through the door (recorded; a replay never builds).
+def build_model(stage, engine: str = "transformers", *, seed: int,
+                layers: int) -> tuple[dict[str, Any] | None, Gate]:
+    """`python -m lib.models build` through the door (recorded; a replay never builds), the
+    model drawn from `seed` with `layers` decoder layers (the stage's `seed` and `model_layers`,
+    handed down by its place).
 
     Returns (its JSON with model_dir as a path on this machine, or None when it failed; the gate
     `model built from its seed`)."""
     name = "model built from its seed"
-    argv = [sys.executable, "-m", "lib.models", "build", "--seed", str(stage["seed"]),
-            "--layers", str(stage["model_layers"])]
+    argv = [sys.executable, "-m", "lib.models", "build", "--seed", str(seed),
+            "--layers", str(layers)]
     if model_flavor(engine) != "tiny":
         argv += ["--flavor", model_flavor(engine)]
     call = stage.door.run(argv, cwd=REPO_ROOT, timeout=MODEL_BUILD_TIMEOUT_S, check=False)
@@ -105,7 +109,7 @@ def build_model(stage, engine: str = "transformers") -> tuple[dict[str, Any] | N
     return info, gate(name, True,
                       {"config_hash": info["config_hash"], "seed": info["seed"],
                        "parameters": info["parameters"], "num_experts": info["num_experts"]},
-                      {"seed": stage["seed"]},
+                      {"seed": seed},
                       f"{'built' if info['built'] else 'found in the cache'}: "
                       f"{stage.door.norm(info['model_dir'])}", streams[:1])
 
@@ -143,15 +147,16 @@ def wait_ready(stage, server: Server, timeout_s: float) -> Gate:
 
 
 @contextmanager
-def local_server(stage, model_dir: str | Path, *, timeout_s: float | None = None,
-                 port: int | None = None, log_name: str = "server.log") -> Iterator[Server]:
-    """Serve model_dir for the duration of the block; gates `server ready` / `server stopped`.
+def local_server(stage, model_dir: str | Path, *, timeout_s: float, port: int | None = None,
+                 log_name: str = "server.log") -> Iterator[Server]:
+    """Serve model_dir for the duration of the block; gates `server ready` (within `timeout_s`,
+    the stage's server_timeout_s) / `server stopped`.
 
     Yields the Server even when it is not ready (server.ready False, its FAIL gate added), so the
     caller gates what depends on it as SKIP with the reason. Never outlives the block.
     """
     door = stage.door
-    timeout_s = float(timeout_s or stage["server_timeout_s"])
+    timeout_s = float(timeout_s)
     server_cores, client_cores = cpu_split(allowed_cpus(door))
     device = "cuda" if cuda_device_count(door) else "cpu"
     port = port or door.free_port()

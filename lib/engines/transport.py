@@ -11,7 +11,8 @@ Three named contracts, and nothing else in the guide spells these variables out:
   kernel drives the NIC, no CPU proxy), as AWS's merged DeepEP V2 benchmark runs it
   (awslabs/awsome-distributed-ai #1234, 2026-08-21; #1239; ANCHORS 7): ``efa``'s variables with
   ``NCCL_GIN_TYPE=5`` and ``NCCL_SYM_GIN_KERNELS_ENABLE=0``. It needs a stack ``efa`` does not
-  (``GIN_TYPE5_FLOOR``), which ``check_pin_set`` holds against the chosen pin set.
+  (``GIN_TYPE5_FLOOR``), which the parameter model holds against the chosen pin set
+  (lib.stages.rules_engines.check_pin_set, from ``floor_problems``).
 - ``intranode_nvlink``: the same software on one machine's NVLink with GIN off, as measured on
   two H200s (../shared/reference/TOOLCHAIN.md, "DeepEP V2 itself on two H200s, and vLLM's
   deepep_v2 backend"). The transport is the only difference between the two.
@@ -28,11 +29,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, get_args
 
-from lib.core.errors import ParameterError
-
-TRANSPORTS = ("efa", "gin_type5", "intranode_nvlink")
+# A contract's name: what the `transport` parameter allows (its model refuses any other), an
+# A/B arm's (lib.stages.transport_ab, lib.stages.lever) or a place's own
+Transport = Literal["efa", "gin_type5", "intranode_nvlink"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 # the contracts whose traffic crosses nodes over EFA (the provider gate, the D+C contract apply)
 EFA_TRANSPORTS = ("efa", "gin_type5")
 
@@ -220,20 +222,22 @@ INTRANODE_NVLINK: tuple[EnvVar, ...] = (
 _CONTRACTS = {"efa": EFA, "gin_type5": EFA_GIN_TYPE5, "intranode_nvlink": INTRANODE_NVLINK}
 
 
-def over_efa(name: str) -> bool:
+def over_efa(name: Transport) -> bool:
     """Whether contract ``name`` crosses nodes over EFA (either GIN type)."""
-    return _check_name(name) in EFA_TRANSPORTS
+    return name in EFA_TRANSPORTS
 
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", str(text))[:3])
 
 
-def floor_problems(name: str, pins: Mapping[str, Mapping]) -> list[str]:
+def floor_problems(name: Transport, pins: Mapping[str, Mapping]) -> list[str]:
     """What the pins (one set's, lib.roots.pins.set_pins) lack for contract ``name``: one line
-    per floor not reached, naming the pin, its version and the minimum ([] when none)."""
+    per floor not reached, naming the pin, its version and the minimum ([] when none). The
+    parameter model refuses a contract whose floor its pin set does not reach
+    (lib.stages.rules_engines.check_pin_set)."""
     problems = []
-    for floor in _FLOORS.get(_check_name(name), ()):
+    for floor in _FLOORS.get(name, ()):
         pin = pins.get(floor.pin) or {}
         version = pin.get("version")
         if version is None or _version(version) < floor.minimum:
@@ -242,41 +246,13 @@ def floor_problems(name: str, pins: Mapping[str, Mapping]) -> list[str]:
     return problems
 
 
-def check_pin_set(name: str, pin_set: str, pins: Mapping[str, Mapping],
-                  reaching: Sequence[str] = (), param: str = "transport") -> None:
-    """Refuse contract ``name`` on pin set ``pin_set`` (its pins ``pins``) below its floor,
-    naming the sets that reach it (``reaching``) and the parameter that asked (``param``)."""
-    problems = floor_problems(name, pins)
-    if problems:
-        sets = (f" ({', '.join(f'-p pin_set {s}' for s in reaching)})" if reaching
-                else " (no pin set reaches it today)")
-        if param != "transport":  # an A/B with a GIN type 5 arm
-            raise ParameterError(param, True, f"false, or a pin_set whose NCCL is >= 2.31 and "
-                                 f"EFA installer >= 1.50{sets}: the A/B's GIN type 5 arm needs "
-                                 f"what pin set {pin_set!r} lacks: {'; '.join(problems)}")
-        raise ParameterError(param, name,
-                             f"a transport pin set {pin_set!r} can carry: {'; '.join(problems)}; "
-                             f"choose -p transport efa (GIN type 2) or a pin_set whose NCCL is "
-                             f">= 2.31 and EFA installer >= 1.50{sets}")
-
-
-def _check_name(name: str) -> str:
-    if name not in _CONTRACTS:
-        raise ParameterError("transport", name, ", ".join(TRANSPORTS))
-    return name
-
-
-def contract(name: str) -> tuple[EnvVar, ...]:
+def contract(name: Transport) -> tuple[EnvVar, ...]:
     """The contract's variables with their reasons and anchors (values may hold placeholders)."""
-    return _CONTRACTS[_check_name(name)]
+    return _CONTRACTS[name]
 
 
 def nccl_preload(nccl_site: str | Path) -> str:
     """LD_PRELOAD value for the NCCL library inside the site-packages directory ``nccl_site``."""
-    if nccl_site is None or str(nccl_site).strip() == "":
-        raise ParameterError("nccl_site", nccl_site,
-                             "a site-packages directory holding nvidia/nccl/lib/libnccl.so.2 "
-                             "(nvidia-nccl-cu13 2.30.4)")
     return str(Path(nccl_site) / NCCL_LIB_IN_SITE)
 
 
@@ -291,19 +267,14 @@ def deepep_pythonpath(nccl_site: str | Path, deepep_dir: str | Path,
     with "undefined symbol: nvshmem_selected_device_transport" (DeepEP built for 3.6.5; measured
     on the H200 machine 2026-11-30, results/gpu-2xh200-deepep-20261130b.notes.md). The checkout
     is on the path because an in-place build installs nothing. The NCCL library is preloaded
-    besides (``nccl_preload``), as measured.
+    besides (``nccl_preload``), as measured. Both folders are the stage's parameters, which its
+    model asks for together (``nccl_site`` whenever ``deepep_dir`` is given).
     """
-    needs = (("nccl_site", nccl_site, "the site DeepEP at deepep_dir was built against "
-                                      "(nvidia-nccl-cu13 2.30.4, nvidia-nvshmem-cu13 3.6.5)"),
-             ("deepep_dir", deepep_dir, "a folder path (see lib.params)"))
-    for name, value, allowed in needs:
-        if value is None or str(value).strip() == "":
-            raise ParameterError(name, value, allowed)
     parts = [str(nccl_site), str(deepep_dir)] + ([inherited] if inherited else [])
     return ":".join(parts)
 
 
-def transport_env(name: str, *, nccl_site: str | Path | None = None,
+def transport_env(name: Transport, *, nccl_site: str | Path | None = None,
                   plugin_path: str = DEFAULT_PLUGIN_PATH) -> dict[str, str]:
     """The variables to set for transport ``name`` (one of TRANSPORTS).
 
@@ -313,30 +284,25 @@ def transport_env(name: str, *, nccl_site: str | Path | None = None,
     ``nccl_site`` adds the same LD_PRELOAD there too (a machine whose torch carries its own NCCL).
     ``plugin_path`` is the aws-ofi-nccl plugin (the EFA contracts only).
     """
-    _check_name(name)
     if name in EFA_TRANSPORTS:
-        if not plugin_path or not str(plugin_path).strip():
-            raise ParameterError("plugin_path", plugin_path,
-                                 "the path of the aws-ofi-nccl plugin (libnccl-net-ofi.so)")
         env = {v.name: (str(plugin_path) if v.value == _PLUGIN else v.value)
                for v in _CONTRACTS[name]}
-        if nccl_site is not None:
+        if nccl_site:
             env["LD_PRELOAD"] = nccl_preload(nccl_site)
         return env
     # The NCCL preload exists for DeepEP (built for 2.30.4); a serve without DeepEP
     # (allgather_reducescatter) runs on torch's own NCCL, as measured, so no site means no preload.
-    # lib.vllm_args refuses a deepep_* backend without a site.
+    # The parameter model refuses a deepep_* backend on one machine without a site.
     return {v.name: (nccl_preload(nccl_site) if v.value == _PRELOAD else v.value)
             for v in INTRANODE_NVLINK if v.value != _PRELOAD or nccl_site}
 
 
-def unset_vars(name: str) -> tuple[str, ...]:
+def unset_vars(name: Transport) -> tuple[str, ...]:
     """The variables that must be absent for transport ``name``.
 
     Always NVSHMEM_IB_ENABLE_IBGDA. For ``intranode_nvlink`` also every EFA-only variable, so an
     image whose ENV carries the EFA contract runs intranode exactly as measured (none of them set).
     """
-    _check_name(name)
     if name in EFA_TRANSPORTS:
         return UNSET_ALWAYS
     intranode = {v.name for v in INTRANODE_NVLINK}
@@ -344,7 +310,8 @@ def unset_vars(name: str) -> tuple[str, ...]:
     return UNSET_ALWAYS + tuple(efa_only)
 
 
-def apply_transport(base: Mapping[str, str], name: str, *, nccl_site: str | Path | None = None,
+def apply_transport(base: Mapping[str, str], name: Transport, *,
+                    nccl_site: str | Path | None = None,
                     plugin_path: str = DEFAULT_PLUGIN_PATH) -> dict[str, str]:
     """``base`` without the transport's unset variables, with its contract on top."""
     drop = set(unset_vars(name))

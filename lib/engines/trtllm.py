@@ -43,12 +43,11 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from lib.core.errors import ParameterError
 from lib.core.evidence import gate
 from lib.engines import nccl_logs
 from lib.engines.base import Engine, EngineSpec
 from lib.engines.nccl_logs import lines_of, quote
-from lib.engines.transport import DEFAULT_PLUGIN_PATH, TRANSPORTS, transport_env
+from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env
 
 SSH_PORT = 2222  # R's worker sshd (trtllm/manifests/trtllm-bench-2pod.yaml, ANCHORS 2)
 # R's serve flags, as its recorded launch line has them
@@ -79,18 +78,15 @@ def _traced(line: str) -> bool:
 
 
 def _hosts(spec: EngineSpec) -> list[str]:
-    """Every node's address, from the leader's (a StatefulSet's `<name>-0.<service>...`)."""
-    m = re.match(r"^(.+)-0(\..+)?$", spec.rendezvous or "")
-    if not m:
-        raise ParameterError("rendezvous", spec.rendezvous,
-                             "the leader pod's address <name>-0.<service>.<namespace>.svc (the "
-                             "hosts mpirun reaches are its siblings)")
-    return [f"{m.group(1)}-{k}{m.group(2) or ''}" for k in range(spec.nodes)]
+    """Every node's address, from the leader's: the leader role runs on kube, where its place
+    gives the leader pod's address, `<name>-0.<service>.<namespace>.svc`, and the hosts mpirun
+    reaches are its siblings `<name>-k.<service>...`."""
+    pod, dot, domain = (spec.rendezvous or "").partition(".")
+    name = pod.rsplit("-", 1)[0]
+    return [f"{name}-{k}{dot}{domain}" for k in range(spec.nodes)]
 
 
 def trtllm_env(spec: EngineSpec) -> dict[str, str]:
-    if spec.transport not in TRANSPORTS:
-        raise ParameterError("transport", spec.transport, ", ".join(TRANSPORTS))
     env = dict(ENGINE_ENV)
     env.update(transport_env(spec.transport, nccl_site=spec.nccl_site,
                              plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH))
@@ -99,10 +95,8 @@ def trtllm_env(spec: EngineSpec) -> dict[str, str]:
 
 
 def trtllm_argv(spec: EngineSpec, env: Mapping[str, str]) -> list[str]:
-    if spec.backend not in A2A_BACKENDS:
-        raise ParameterError("all2all_backend", spec.backend,
-                             f"{', '.join(A2A_BACKENDS)} with engine trtllm (the public "
-                             "reproduction's DeepEP V2 lanes)")
+    """One process of the serve: the backend is one of A2A_BACKENDS, what the stage's parameter
+    model allows with engine trtllm (TrtllmEngine.backends)."""
     if spec.role == "worker":
         return ["/usr/sbin/sshd", "-D", "-e", "-p", str(SSH_PORT)]
     dp = spec.dp_size

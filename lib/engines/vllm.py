@@ -33,8 +33,8 @@ class VllmEngine(Engine):
     pin = "vllm"
 
     def command(self, spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
-        """One process of the serve (lib.engines.vllm_args checks the request), with weights
-        and tokenizer both at `revision` when one is pinned."""
+        """One process of the serve (lib.engines.vllm_args renders it), with weights and
+        tokenizer both at `revision` when one is pinned."""
         argv, env = vllm_serve(
             spec.role, model=spec.model, served_model_name=spec.served_model_name,
             backend=spec.backend, dp_size=spec.dp_size, dp_size_local=spec.gpus_per_node,
@@ -43,8 +43,8 @@ class VllmEngine(Engine):
             max_model_len=spec.max_model_len,
             gpu_memory_utilization=spec.gpu_memory_utilization,
             ep_num_comms=spec.ep_num_comms, transport=spec.transport, nccl_site=spec.nccl_site,
-            extra_env=dict(spec.extra_env) or None, num_experts=spec.num_experts,
-            python=spec.python, plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH,
+            extra_env=dict(spec.extra_env) or None, python=spec.python,
+            plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH,
             expert_parallel=spec.expert_parallel)
         if spec.revision:
             # vllm_serve takes no revision: --revision and --tokenizer-revision, both pinned

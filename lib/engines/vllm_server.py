@@ -11,8 +11,9 @@ engine='vllm' counterpart of ``lib.serve.local_server``::
 argv and env come only from ``lib.vllm_args.vllm_serve(role='local', dp_size=gpus,
 dp_size_local=gpus, transport='intranode_nvlink', ...)``: this module adds no flag of its own
 (the model is served under its path, so lib.serve's models_gate and chat_gate work unchanged).
-A bad request (a removed backend such as 'naive', experts that do not divide over the GPUs) is a
-ParameterError before anything starts.
+What it is asked is what the stage's parameter model accepted (a removed backend such as 'naive'
+is refused there, before anything starts) and what the local place decided (its 2+ GPUs: the
+place refuses engine 'vllm' on fewer), handed down: nothing is checked again here.
 
 The process starts through ``door.start`` (its own session; its whole output is the artifact
 ``<stage>/vllm.log``). Readiness: ``GET /health`` answers 200 within ``timeout_s``, the process
@@ -36,7 +37,6 @@ from typing import Callable, Iterator
 from lib.engines import vllm_logs
 from lib.core.errors import DoorError
 from lib.core.evidence import Gate, gate, read_json, skip
-from lib.core.errors import ParameterError
 from lib.engines.server import POLL_INTERVAL_S, Server, poll_until_ready, stop_server
 from lib.engines.vllm_args import vllm_serve
 
@@ -184,7 +184,7 @@ def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], 
 @contextmanager
 def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 backend: str = "allgather_reducescatter", num_experts: int | None,
-                enforce_eager: bool = True, timeout_s: float | None = None,
+                enforce_eager: bool = True, timeout_s: float,
                 port: int | None = None, python: str | None = None,
                 nccl_site: str | Path | None = None, max_model_len: int | None = MAX_MODEL_LEN,
                 gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
@@ -192,7 +192,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 expert_parallel: bool = True, gate_prefix: str = "",
                 log_name: str = LOG_NAME,
                 deepep_dir: str | Path | None = None) -> Iterator[VllmServer]:
-    """Serve model_dir with vLLM on this machine's `gpus` GPUs for the duration of the block.
+    """Serve model_dir with vLLM on this machine's `gpus` GPUs (2 or more) for the duration of
+    the block, waiting up to `timeout_s` for it to be ready (the stage's server_timeout_s).
 
     Gates: `server ready`, the five backend gates of lib.vllm_logs.assert_backend (with
     ``expert_parallel=False`` instead: no EP split, and at DP > 1 vLLM's
@@ -204,19 +205,16 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
     2.30.4 (the intranode transport preloads it for DeepEP); ``deepep_dir``: DeepEP built in
     place here, put on the server's PYTHONPATH with the site (``lib.transport.deepep_pythonpath``).
     """
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 2:
-        raise ParameterError("gpus", gpus, "an integer >= 2 (expert parallelism over this "
-                                           "machine's GPUs; one GPU has nothing to exchange)")
     door = stage.door
-    timeout_s = float(timeout_s or stage["server_timeout_s"])
+    timeout_s = float(timeout_s)
     port = port or door.free_port()
-    # The one builder; refuses bad requests (removed backends, experts % gpus) before any start.
+    # The one builder of its argv and env
     argv, env = vllm_serve("local", model=str(model_dir), backend=backend, dp_size=gpus,
                            dp_size_local=gpus, port=port, enforce_eager=enforce_eager,
                            max_model_len=max_model_len,
                            gpu_memory_utilization=gpu_memory_utilization,
                            ep_num_comms=ep_num_comms, transport=TRANSPORT, nccl_site=nccl_site,
-                           num_experts=num_experts, python=python or PYTHON,
+                           python=python or PYTHON,
                            expert_parallel=expert_parallel, deepep_dir=deepep_dir,
                            inherited_pythonpath=os.environ.get("PYTHONPATH"))
     log_path = stage.path(log_name)

@@ -24,6 +24,13 @@ fixed cost of the links on the path plus the slowest link's bytes over its bandw
 rank that moves the most (sent or received). Link figures are data (links.yaml), each with its
 source; the only fitted number, NVLink's per-phase fixed cost, is fitted on the guide's own
 runs named there and shown by ``latency_fit``. What the model leaves out: BOUNDS.md.
+
+What it is given is a shape and a place (03 at the stage's shape and place, the book's lines,
+cited figures, a recorded run's cases, the command line), never a stage's parameters: a shape or
+place outside the model (experts that do not divide over the ranks, more ranks than the
+instance's GPUs, FP8 on a hidden size that is no multiple of 128) raises ValueError saying what
+the model takes (``shape_problem``, ``place_problem``), which 03 shows as why it shows no bound;
+the command line says the same of the flag that asked (argparse).
 """
 from __future__ import annotations
 
@@ -34,20 +41,23 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 import yaml
 
 from lib.core.door import REPO_ROOT
-from lib.core.errors import ParameterError
 from lib.measure.testep import first_case, parse_test_ep_log
 
 LINKS_PATH = Path(__file__).with_name("links.yaml")
 CITED_PATH = Path(__file__).with_name("cited_figures.yaml")
-PHASES = ("dispatch", "combine")
-MODES = ("hybrid", "direct")
-DTYPES = {"dispatch": ("fp8", "bf16"), "combine": ("bf16",)}  # DeepEP combines BF16 only
+Phase = Literal["dispatch", "combine"]
+Mode = Literal["hybrid", "direct"]
+DispatchDtype = Literal["fp8", "bf16"]
+CombineDtype = Literal["bf16"]  # DeepEP combines BF16 only
+PHASES: tuple[str, ...] = get_args(Phase)
+MODES: tuple[str, ...] = get_args(Mode)
+DTYPES = {"dispatch": get_args(DispatchDtype), "combine": get_args(CombineDtype)}
 DEFAULT_INSTANCE = "p5en.48xlarge"
 # DeepEP V2's formats as test_ep.py counts them (count_bytes of recv_x, topk_idx, topk_weights):
 ELEMENT_BYTES = {"fp8": 1, "bf16": 2}
@@ -66,57 +76,70 @@ class Shape:
     experts: int
     ranks_per_node: int
     nodes: int
-    dispatch_dtype: str = "fp8"
-    combine_dtype: str = "bf16"
-    mode: str = "hybrid"
+    dispatch_dtype: DispatchDtype = "fp8"
+    combine_dtype: CombineDtype = "bf16"
+    mode: Mode = "hybrid"
 
     @property
     def ranks(self) -> int:
         return self.ranks_per_node * self.nodes
 
 
-def _count(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ParameterError(name, value, f"an integer >= {minimum}")
-    return value
+# What the model cannot take: (the field, its value, what the model takes), or None
+Problem = tuple[str, Any, str]
 
 
-def make_shape(*, tokens: int, hidden: int, topk: int, experts: int, ranks_per_node: int,
-               nodes: int, dispatch_dtype: str = "fp8", combine_dtype: str = "bf16",
-               mode: str = "hybrid") -> Shape:
-    """A checked Shape; a bad value raises ParameterError naming it and what is allowed."""
+def outside(problem: Problem) -> str:
+    """A problem as a ValueError says it: the field, its value, what the model takes."""
+    name, value, takes = problem
+    shown = repr(value)
+    shown = shown if len(shown) <= 200 else shown[:197] + "..."
+    return f"{name} = {shown} is outside the bound's model; it takes {takes}"
+
+
+def shape_problem(*, tokens: int, hidden: int, topk: int, experts: int, ranks_per_node: int,
+                  nodes: int, dispatch_dtype: DispatchDtype = "fp8") -> Problem | None:
+    """The first field of a shape the model cannot take (None: it takes them all): counts of at
+    least one, whole experts on every rank, top-k within the experts, and FP8's 128-channel
+    scale blocks."""
     for name, value in (("tokens", tokens), ("hidden", hidden), ("topk", topk),
                         ("experts", experts), ("ranks_per_node", ranks_per_node),
                         ("nodes", nodes)):
-        _count(name, value)
-    for phase, dtype in (("dispatch", dispatch_dtype), ("combine", combine_dtype)):
-        if dtype not in DTYPES[phase]:
-            raise ParameterError(f"{phase}_dtype", dtype, ", ".join(DTYPES[phase]))
-    if mode not in MODES:
-        raise ParameterError("mode", mode, ", ".join(MODES))
+        if value < 1:
+            return name, value, "an integer >= 1"
     ranks = ranks_per_node * nodes
     if experts % ranks:
-        raise ParameterError("experts", experts, f"a multiple of the {ranks} ranks (DeepEP "
-                             "places experts / ranks experts on every rank)")
+        return "experts", experts, (f"a multiple of the {ranks} ranks (DeepEP places experts / "
+                                    "ranks experts on every rank)")
     if topk > experts:
-        raise ParameterError("topk", topk, f"an integer from 1 to experts ({experts})")
+        return "topk", topk, f"an integer from 1 to experts ({experts})"
     if dispatch_dtype == "fp8" and hidden % FP8_SCALE_CHANNELS:
-        raise ParameterError("hidden", hidden, f"a multiple of {FP8_SCALE_CHANNELS} for FP8 "
-                             "dispatch (one scale per 128 channels)")
+        return "hidden", hidden, (f"a multiple of {FP8_SCALE_CHANNELS} for FP8 dispatch (one "
+                                  "scale per 128 channels)")
+    return None
+
+
+def make_shape(*, tokens: int, hidden: int, topk: int, experts: int, ranks_per_node: int,
+               nodes: int, dispatch_dtype: DispatchDtype = "fp8",
+               combine_dtype: CombineDtype = "bf16", mode: Mode = "hybrid") -> Shape:
+    """The Shape; ValueError naming the first field the model cannot take (shape_problem)."""
+    problem = shape_problem(tokens=tokens, hidden=hidden, topk=topk, experts=experts,
+                            ranks_per_node=ranks_per_node, nodes=nodes,
+                            dispatch_dtype=dispatch_dtype)
+    if problem:
+        raise ValueError(outside(problem))
     return Shape(tokens, hidden, topk, experts, ranks_per_node, nodes, dispatch_dtype,
                  combine_dtype, mode)
 
 
-def token_bytes(shape: Shape, phase: str) -> int:
+def token_bytes(shape: Shape, phase: Phase) -> int:
     """Bytes one token carries in ``phase``, as test_ep.py counts them."""
     if phase == "dispatch":
         dtype = shape.dispatch_dtype
         scales = (shape.hidden // FP8_SCALE_CHANNELS * FP8_SCALE_BYTES) if dtype == "fp8" else 0
         return (shape.hidden * ELEMENT_BYTES[dtype] + scales
                 + shape.topk * (TOPK_IDX_BYTES + TOPK_WEIGHT_BYTES))
-    if phase == "combine":
-        return shape.hidden * ELEMENT_BYTES[shape.combine_dtype] + shape.topk * TOPK_WEIGHT_BYTES
-    raise ParameterError("phase", phase, ", ".join(PHASES))
+    return shape.hidden * ELEMENT_BYTES[shape.combine_dtype] + shape.topk * TOPK_WEIGHT_BYTES
 
 
 # ---- routing -------------------------------------------------------------------------------------
@@ -154,8 +177,8 @@ def _matrix(name: str, value: Any, rows: int, cols: int) -> np.ndarray:
             or (array < 0).any():
         # name the matrix by its shape: a measured routing can be thousands of numbers
         shown = value if array is None else f"an array of shape {array.shape}"
-        raise ParameterError(name, shown, f"a {rows} x {cols} matrix of token counts >= 0 "
-                             "(finite)")
+        raise ValueError(outside((name, shown, f"a {rows} x {cols} matrix of token counts >= 0 "
+                                               "(finite)")))
     return array
 
 
@@ -173,8 +196,8 @@ def measured_routing(shape: Shape, rank_tokens: Any, node_tokens: Any = None) ->
                         "destination rank of each node)",))
     nodes = _matrix("node_tokens", node_tokens, shape.ranks, shape.nodes)
     if (nodes < least - 1e-9).any() or (nodes > most + 1e-9).any():
-        raise ParameterError("node_tokens", node_tokens, "for each (source, node) at least the "
-                             "busiest destination rank's count and at most their sum")
+        raise ValueError(outside(("node_tokens", node_tokens, "for each (source, node) at least "
+                                  "the busiest destination rank's count and at most their sum")))
     return Routing(ranks, nodes, "measured routing")
 
 
@@ -250,14 +273,17 @@ def link_figures(instance: str, links_path: str | Path = LINKS_PATH,
                  nvlink: str | None = None) -> dict[str, dict | None]:
     """The instance's NVLink and EFA figures: name, GBps, latency_us, source, date, basis.
     `nvlink` names another NVLink figure of links.yaml to use instead of the instance's (the
-    wire's specification beside a measured curve: wire_nvlink)."""
+    wire's specification beside a measured curve: wire_nvlink). ValueError for an instance or
+    a figure links.yaml does not hold (its data, not a parameter)."""
     links = load_links(links_path)
     if instance not in links["instances"]:
-        raise ParameterError("instance", instance, ", ".join(links["instances"]))
+        raise ValueError(outside(("instance", instance, "an instance of links.yaml: "
+                                  + ", ".join(links["instances"]))))
     machine = links["instances"][instance]
     name = nvlink or machine["nvlink"]
     if name not in links["nvlink"]:
-        raise ParameterError("nvlink", name, ", ".join(links["nvlink"]))
+        raise ValueError(outside(("nvlink", name, "an NVLink figure of links.yaml: "
+                                  + ", ".join(links["nvlink"]))))
     nvl = links["nvlink"][name]
     figures: dict[str, dict | None] = {
         "nvlink": {"name": name, "GBps": nvlink_bandwidth(nvl),
@@ -307,16 +333,25 @@ def transfer_us(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e3)  # bytes / (GB/s x 1e9) in seconds, x 1e6 in microseconds
 
 
+def place_problem(shape: Shape, figures: Mapping) -> Problem | None:
+    """What of the place the instance's figures cannot bound (None: nothing): nodes without EFA,
+    more ranks per node than the instance has GPUs."""
+    if shape.nodes > 1 and figures["rdma"] is None:
+        return "instance", figures["instance"]["name"], "an instance with EFA when nodes > 1"
+    if shape.ranks_per_node > figures["instance"]["gpus_per_node"]:
+        return "ranks_per_node", shape.ranks_per_node, (
+            f"at most the instance's {figures['instance']['gpus_per_node']} GPUs per node")
+    return None
+
+
 def phase_bounds(shape: Shape, figures: Mapping, routing: Routing | None = None,
                  with_latency: bool = True) -> dict[str, dict]:
     """Per phase: the worst rank's bytes per link, each link's transfer time, the latency term,
-    the bound (latency + the slowest link's time: NVLink and RDMA overlap) and its bottleneck."""
-    if shape.nodes > 1 and figures["rdma"] is None:
-        raise ParameterError("instance", figures["instance"]["name"],
-                             "an instance with EFA when nodes > 1")
-    if shape.ranks_per_node > figures["instance"]["gpus_per_node"]:
-        raise ParameterError("ranks_per_node", shape.ranks_per_node, "at most the instance's "
-                             f"{figures['instance']['gpus_per_node']} GPUs per node")
+    the bound (latency + the slowest link's time: NVLink and RDMA overlap) and its bottleneck.
+    ValueError for a place the figures cannot bound (place_problem)."""
+    problem = place_problem(shape, figures)
+    if problem:
+        raise ValueError(outside(problem))
     result = {}
     for phase, per_rank in phase_bytes(shape, routing).items():
         worst = {link: float(max(per_rank[f"{link}_send"].max(), per_rank[f"{link}_recv"].max()))
@@ -415,11 +450,13 @@ def _fit(name: str, links_path: str) -> dict:
 
 def latency_fit(name: str = "h200-nccl-2gpu", links_path: str | Path = LINKS_PATH) -> dict:
     """The NVLink per-phase fixed cost, fitted on the guide's own runs that links.yaml names
-    (fit_runs) and nothing else; with every point, its residual and the method."""
+    (fit_runs) and nothing else; with every point, its residual and the method. ValueError for
+    a figure links.yaml does not fit."""
     nvlink = load_links(links_path)["nvlink"]
     if nvlink.get(name, {}).get("latency") != "fit":
         fitted = [k for k, v in nvlink.items() if v.get("latency") == "fit"]
-        raise ParameterError("name", name, ", ".join(fitted) or "(no NVLink figure is fitted)")
+        raise ValueError(outside(("name", name, "a fitted NVLink figure of links.yaml: "
+                                  + (", ".join(fitted) or "(none is fitted)"))))
     return _fit(name, str(links_path))
 
 
@@ -541,14 +578,16 @@ def is_measurement(level: str | None) -> bool:
 
 
 def tokens_bounds(token_counts: Sequence[int], *, hidden: int, topk: int, experts: int,
-                  ranks_per_node: int, nodes: int, instance: str, dispatch_dtype: str = "fp8",
-                  mode: str = "hybrid", links_path: str | Path = LINKS_PATH,
+                  ranks_per_node: int, nodes: int, instance: str,
+                  dispatch_dtype: DispatchDtype = "fp8", mode: Mode = "hybrid",
+                  links_path: str | Path = LINKS_PATH,
                   nvlink: str | None = None) -> dict[str, Any]:
-    """The bound at each token count of one place: per phase, D+C and the bottleneck, with the
-    place (EP, instance, mode), the link sources said and `label`, what bounds it in a few words
-    (link_label of the bottleneck at the most tokens). ParameterError for a shape or place the
-    model refuses (experts not divisible by the ranks, more ranks than the instance has).
-    `nvlink`: another NVLink figure than the instance's (the wire's: wire_nvlink)."""
+    """The bound at each of one or more token counts of one place: per phase, D+C and the
+    bottleneck, with the place (EP, instance, mode), the link sources said and `label`, what
+    bounds it in a few words (link_label of the bottleneck at the most tokens). ValueError for
+    a shape or place outside the model (experts not divisible by the ranks, more ranks than the
+    instance has). `nvlink`: another NVLink figure than the instance's (the wire's:
+    wire_nvlink)."""
     rows, answer = [], None
     for tokens in token_counts:
         shape = make_shape(tokens=tokens, hidden=hidden, topk=topk, experts=experts,
@@ -561,7 +600,7 @@ def tokens_bounds(token_counts: Sequence[int], *, hidden: int, topk: int, expert
                      "D+C bound (us)": answer["dc_bound_us"],
                      "bottleneck D / C": " / ".join(phases[p]["bottleneck"] for p in PHASES)})
     if answer is None:
-        raise ParameterError("token_counts", list(token_counts), "one or more token counts")
+        raise ValueError(outside(("token_counts", list(token_counts), "one or more token counts")))
     fitted = [run for entry in load_links(links_path)["nvlink"].values()
               for run in entry.get("fit_runs", [])]
     return {"instance": instance, "ep": ranks_per_node * nodes, "nodes": nodes,
@@ -667,25 +706,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse(parser: argparse.ArgumentParser, problem: Problem) -> None:
+    """parser.error naming the flag that asked and what the model takes (exit 2)."""
+    name, value, takes = problem
+    parser.error(f"argument --{name.replace('_', '-')}: {value!r} is not allowed; allowed: "
+                 f"{takes}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
-        shape = make_shape(tokens=args.tokens, hidden=args.hidden, topk=args.topk,
-                           experts=args.experts, ranks_per_node=args.ranks_per_node,
-                           nodes=args.nodes, dispatch_dtype=args.dispatch_dtype,
-                           combine_dtype=args.combine_dtype, mode=args.mode)
-        routing = None
-        if args.routing:
+    given = dict(tokens=args.tokens, hidden=args.hidden, topk=args.topk, experts=args.experts,
+                 ranks_per_node=args.ranks_per_node, nodes=args.nodes,
+                 dispatch_dtype=args.dispatch_dtype)
+    problem = shape_problem(**given)
+    if problem:
+        _refuse(parser, problem)
+    shape = make_shape(**given, combine_dtype=args.combine_dtype, mode=args.mode)
+    problem = place_problem(shape, link_figures(args.instance))
+    if problem:
+        _refuse(parser, problem)
+    routing = None
+    if args.routing:
+        try:
             recorded = json.loads(args.routing.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            parser.error(f"argument --routing: cannot read {args.routing}: {error}")
+        try:
             routing = measured_routing(shape, recorded.get("rank_tokens"),
                                        recorded.get("node_tokens"))
-        answer = bound(shape, args.instance, routing)
-    except ParameterError as error:
-        flag = "--routing" if error.name.endswith("_tokens") else "--" + error.name.replace("_", "-")
-        parser.error(f"argument {flag}: {error}")
-    except (OSError, json.JSONDecodeError) as error:
-        parser.error(f"argument --routing: cannot read {args.routing}: {error}")
+        except ValueError as error:
+            parser.error(f"argument --routing: {error}")
+    answer = bound(shape, args.instance, routing)
     print(json.dumps(_jsonable(answer), indent=2) if args.json else format_report(answer))
     return 0
 

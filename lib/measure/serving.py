@@ -11,7 +11,9 @@ same loop with several arms. What the loop does, for one arm or several:
 - with several arms and ``answer_prompts``, asks each arm the fixed prompts of
   lib.measure.agreement before its cells (an exclusive arm: at its first start);
 - runs one AIPerf cell per (repeat, concurrency, arm, shape) in ``cell_order``: warmup excluded,
-  the measured requests raised to ``requests_per_slot`` x concurrency (lib.measure.sweep);
+  the measured requests raised to ``requests_per_slot`` x concurrency (lib.measure.sweep's
+  SweepPlan, which the stage builds from its parameters and hands down with the backend and
+  the prompts it asks: the loop looks no parameter up);
 - with vLLM, reads /metrics before and after each cell (vLLM's own token count) and, when the
   closing read fails, whether the server died (``ServerLife``): an arm whose server is gone is not
   measured again, its cells are SKIPs;
@@ -31,6 +33,7 @@ import pandas as pd
 
 from lib.core.evidence import Gate, gate, skip
 from lib.measure import agreement, stats, sweep
+from lib.measure.sweep import Shape, SweepPlan
 
 
 @dataclass(frozen=True)
@@ -39,26 +42,26 @@ class Arm:
     slug: str  # as AIPerf's folders and the summary's `arm` column say it
     enforce_eager: bool = True
     expert_parallel: bool = True
-    backend: str | None = None  # None: the stage's all2all_backend
+    backend: str | None = None  # None: the stage's (measure's `backend`)
     num_comms: int = 1  # EP_NUM_COMMS of the arm's serve (the multicomm lever)
     transport: str | None = None  # its transport contract (None: the stage's; the GIN lever)
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A traffic shape: synthetic input tokens (mean) and forced output tokens per request."""
-    name: str
-    input_tokens: int
-    output_tokens: int
+def shapes_of(decode: tuple[int, int],
+              prefill: tuple[int, int] | None = None) -> tuple[Shape, ...]:
+    """The decode-heavy shape (input tokens, output tokens), and the prefill-heavy one when
+    given: the public review found the backend that wins flips with the shape."""
+    shapes = (Shape("decode", *decode),)
+    return shapes + ((Shape("prefill", *prefill),) if prefill else ())
 
 
-def traffic_shapes(p: dict[str, Any], prefill: bool) -> tuple[Shape, ...]:
-    """The stage's own shape (decode-heavy by default), and the prefill-heavy one when asked:
-    the public review found the backend that wins flips with the shape."""
-    shapes = (Shape("decode", p["input_tokens"], p["output_tokens"]),)
-    if prefill:
-        shapes += (Shape("prefill", p["prefill_input_tokens"], p["prefill_output_tokens"]),)
-    return shapes
+def traffic_shapes(recorded: dict[str, Any], prefill: bool) -> tuple[Shape, ...]:
+    """The shapes a recorded stage measured, from its params.json (the book reads a run's; a
+    KeyError for a stage recorded before its shape was a parameter). A stage builds its own from
+    its model (lib.stages.ab.sweep_plan)."""
+    return shapes_of((recorded["input_tokens"], recorded["output_tokens"]),
+                     (recorded["prefill_input_tokens"], recorded["prefill_output_tokens"])
+                     if prefill else None)
 
 
 def cell_order(repeats: int, concurrency: list[int], arms: tuple,
@@ -122,7 +125,7 @@ def server_problem(server) -> Problem | None:
 class Measurement:
     """What the loop measured, for the stage to gate and show."""
     arms: tuple[Arm, ...]
-    shapes: tuple[Shape, ...]
+    plan: SweepPlan
     order: list[tuple]
     layout: str
     runs: dict[tuple, list] = field(default_factory=dict)  # (slug, shape) -> [CellRun]
@@ -134,6 +137,7 @@ class Measurement:
     broken: list[tuple[str, int | None, Problem]] = field(default_factory=list)
     not_started: list[Arm] = field(default_factory=list)
     after_ready_rss: int | None = None  # `memory`: the one arm's server after ready
+    answer_prompts: int = 0  # lib.measure.agreement's prompts each of several arms is asked
 
     @property
     def measured(self) -> bool:
@@ -142,30 +146,36 @@ class Measurement:
     def servers(self, arm: Arm) -> list:
         return self.started[arm.slug]
 
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return self.plan.shapes
 
-def measure(stage, serve: Callable, arms: tuple[Arm, ...], shapes: tuple[Shape, ...],
-            repeats: int, *, engine: str, memory: bool = False,
+
+def measure(stage, serve: Callable, arms: tuple[Arm, ...], plan: SweepPlan, *, engine: str,
+            backend: str, answer_prompts: int = 0, memory: bool = False,
             header: Callable[[str, list[tuple]], None] | None = None,
             one_at_a_time: bool = False) -> Measurement:
-    """Serve the arms and run their cells (see the module's docstring).
+    """Serve the arms and run `plan`'s cells at each of its shapes (see the module's docstring).
 
     `serve(arm, gate_prefix, log_name)` is a context manager yielding the arm's server (the
     stage's place serves it: lib.stages.ab.arm_servers); `serve.rss(server)` reads its resident
-    memory. `header(layout, order)` prints the stage's line before anything starts; with one arm
-    the loop prints each cell's requests before it and AIPerf's tally after it, with several one
-    line per cell naming the arm. `one_at_a_time`: every arm is exclusive (each server holds
+    memory. `backend`: the all-to-all backend of an arm that names none (the stage's);
+    `answer_prompts`: how many of lib.measure.agreement's prompts each of several arms is asked
+    (0: none). `header(layout, order)` prints the stage's line before anything starts; with one
+    arm the loop prints each cell's requests before it and AIPerf's tally after it, with several
+    one line per cell naming the arm. `one_at_a_time`: every arm is exclusive (each server holds
     every GPU of the place's nodes: lib.stages.ab)."""
-    p = stage.params
-    backend = p["all2all_backend"]
+    shapes = plan.shapes
     exclusive, why = exclusive_arms(arms, backend) if engine == "vllm" else (), "DeepEP"
     if one_at_a_time and 1 < len(arms) != len(exclusive):
         exclusive, why = arms, "each holds every GPU of its nodes"
-    order = cell_order(repeats, p["concurrency"], arms, shapes, by_arm=bool(exclusive))
+    order = cell_order(plan.repeats, list(plan.concurrency), arms, shapes,
+                       by_arm=bool(exclusive))
     resident = ", ".join(a.name for a in arms if a not in exclusive) or "no arm"
     layout = (f"{len(arms)} vLLM servers side by side" if not exclusive else
               f"{', '.join(a.name for a in exclusive)} one at a time ({why}), each started for "
               f"its block of cells; {resident} up throughout")
-    m = Measurement(arms, shapes, order, layout,
+    m = Measurement(arms, plan, order, layout, answer_prompts=answer_prompts,
                     runs={(arm.slug, shape.name): [] for arm in arms for shape in shapes},
                     started={arm.slug: [] for arm in arms})
     if header:
@@ -183,9 +193,8 @@ def measure(stage, serve: Callable, arms: tuple[Arm, ...], shapes: tuple[Shape, 
 def _serve_arm(stage, serve: Callable, m: Measurement, stack: ExitStack, arm: Arm,
                start: int | None):
     """Start the arm's server inside `stack`; `start`: which start of an exclusive arm."""
-    p = stage.params
     one = len(m.arms) == 1
-    ask = bool(p.get("answer_prompts")) and not one  # answers are compared between arms
+    ask = bool(m.answer_prompts) and not one  # answers are compared between arms
     where = "" if start is None else f", start {start}"
     server = stack.enter_context(serve(
         arm, "" if one else arm.name + where,
@@ -195,7 +204,7 @@ def _serve_arm(stage, serve: Callable, m: Measurement, stack: ExitStack, arm: Ar
     if ask and arm.name not in m.answers and not server_problem(server):
         # before its cells: what the arm computes, for the comparisons' answer gates
         m.answers[arm.name] = agreement.ask(stage, server,
-                                            agreement.PROMPTS[:p["answer_prompts"]])
+                                            agreement.PROMPTS[:m.answer_prompts])
         m.answer_files[arm.name] = stage.write_json(
             agreement.ANSWERS_FILE.format(slug=arm.slug), m.answers[arm.name])
     return server
@@ -269,17 +278,15 @@ def _one_cell(stage, m: Measurement, server, cell: sweep.Cell, arm: Arm, shape: 
               name: str, engine: str, counter: str, mmap_dir) -> None:
     """One AIPerf cell against the arm's server, with vLLM's /metrics around it."""
     one = len(m.arms) == 1
-    p = stage.params
     vllm = engine == "vllm"
     if one:
-        requests = sweep.cell_requests(p, cell.concurrency)
+        requests = m.plan.requests(cell.concurrency)
         print(f"{counter} repeat {cell.repeat}, concurrency {cell.concurrency}: "
               f"{requests} requests ...", flush=True)
     when = (lambda w: w) if one else (lambda w: f"{name}.{w}")
     before = sweep.scrape_metrics(stage, server, cell, when("before")) if vllm else None
-    r = sweep.run_cell(stage, server, cell, engine=engine, mmap_dir=mmap_dir,
-                       arm=None if one else name,
-                       shape=None if one else (shape.input_tokens, shape.output_tokens))
+    r = sweep.run_cell(stage, server, cell, m.plan, shape, engine=engine, mmap_dir=mmap_dir,
+                       arm=None if one else name)
     if before is not None:
         r.metrics = (before, sweep.scrape_metrics(stage, server, cell, when("after")))
         m.lives[id(server)].watch(stage, server, cell.label(name), r.metrics[1])
@@ -311,10 +318,8 @@ def died_gates(stage, m: Measurement) -> list[Gate]:
 def summary(stage, m: Measurement) -> pd.DataFrame:
     """lib.measure.aiperf's schema, a row per cell that ran (an arm whose server died is not
     measured after it)."""
-    p = stage.params
     frames = [sweep.summary_table(stage, [r.cell for r in m.runs[(arm.slug, shape.name)]],
-                                  cell_arm(arm, shape, m.shapes),
-                                  lambda c: sweep.cell_requests(p, c))
+                                  cell_arm(arm, shape, m.shapes), m.plan.requests)
               for shape in m.shapes for arm in m.arms if m.runs[(arm.slug, shape.name)]]
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
@@ -324,8 +329,8 @@ def exit_gates(m: Measurement, arm: Arm, shape: Shape) -> list[Gate]:
     return [sweep.exit_gate(r, name) for r in m.runs[(arm.slug, shape.name)]]
 
 
-def token_gates(stage, m: Measurement, arm: Arm, shape: Shape) -> list[Gate]:
-    return sweep.token_count_gates(m.runs[(arm.slug, shape.name)], stage["request_count"],
+def token_gates(m: Measurement, arm: Arm, shape: Shape) -> list[Gate]:
+    return sweep.token_count_gates(m.runs[(arm.slug, shape.name)], m.plan.request_count,
                                    shape.output_tokens, cell_arm(arm, shape, m.shapes))
 
 

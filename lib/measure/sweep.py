@@ -95,31 +95,60 @@ def aiperf_env(mmap_dir: str | Path) -> dict[str, str]:
             "COLUMNS": "160"}  # rich wraps its console at 80 columns otherwise
 
 
-def cell_warmup(p: dict, concurrency: int) -> int:
-    """Warmup requests of one cell: warmup_requests, raised to the cell's concurrency when
-    warmup_full_batch (runs recorded before it: as given). 8 warmup requests cannot form a
-    batch of 32: the first full batch, and the kernels built for its shapes, were measured
-    (run gpu-2xh200-deepep-vllm-20261130: each server's first c32 cell was its slow one)."""
-    warmup = p["warmup_requests"]
-    return max(warmup, concurrency) if p.get("warmup_full_batch") else warmup
+@dataclass(frozen=True)
+class Shape:
+    """A traffic shape: synthetic input tokens (mean) and forced output tokens per request."""
+    name: str
+    input_tokens: int
+    output_tokens: int
 
 
-def cell_requests(p: dict, concurrency: int) -> int:
-    """Measured requests of one cell: request_count, raised to requests_per_slot x concurrency
-    (runs recorded before it: as given). 48 requests at concurrency 32 are 1.5 waves: on 2x
-    H200 such cells read 1558, 2794 and 3540 tok/s in three repeats of one arm (run
-    gpu-2xh200-deepep-vllm-20261130d); the public review asked for 5x requests per level."""
-    return max(p["request_count"], (p.get("requests_per_slot") or 0) * concurrency)
+@dataclass(frozen=True)
+class SweepPlan:
+    """What every AIPerf cell of a serving measurement is asked: the concurrency levels and
+    repeats, the requests measured and the warmup per cell, the traffic shapes, the seed of
+    AIPerf's synthetic prompts. A stage builds it from its parameter model (05's sweep and
+    backend A/B, 06's serving A/B: lib.stages.ab.sweep_plan); the loop (lib.measure.serving) and
+    run_cell read it, and nothing below the stage looks a parameter up."""
+    concurrency: tuple[int, ...]
+    repeats: int
+    request_count: int
+    # each cell measures at least this many requests per concurrency slot (0: request_count;
+    # runs recorded before it had none)
+    requests_per_slot: int
+    warmup_requests: int
+    # each cell's warmup at least its concurrency (runs recorded before it: as given)
+    warmup_full_batch: bool
+    shapes: tuple[Shape, ...]
+    seed: int
 
+    def warmup(self, concurrency: int) -> int:
+        """Warmup requests of one cell: warmup_requests, raised to the cell's concurrency when
+        warmup_full_batch. 8 warmup requests cannot form a batch of 32: the first full batch,
+        and the kernels built for its shapes, were measured (run gpu-2xh200-deepep-vllm-20261130:
+        each server's first c32 cell was its slow one)."""
+        warmup = self.warmup_requests
+        return max(warmup, concurrency) if self.warmup_full_batch else warmup
 
-def requests_said(p: dict) -> str:
-    """The measured requests per cell, as a line says them: one number when every level has
-    the same, else one per level."""
-    counts = [cell_requests(p, c) for c in p["concurrency"]]
-    if len(set(counts)) == 1:
-        return str(counts[0])
-    return (" / ".join(map(str, counts)) + " (at concurrency "
-            + " / ".join(map(str, p["concurrency"])) + ")")
+    def requests(self, concurrency: int) -> int:
+        """Measured requests of one cell: request_count, raised to requests_per_slot x
+        concurrency. 48 requests at concurrency 32 are 1.5 waves: on 2x H200 such cells read
+        1558, 2794 and 3540 tok/s in three repeats of one arm (run
+        gpu-2xh200-deepep-vllm-20261130d); the public review asked for 5x requests per level."""
+        return max(self.request_count, self.requests_per_slot * concurrency)
+
+    def requests_said(self) -> str:
+        """The measured requests per cell, as a line says them: one number when every level has
+        the same, else one per level."""
+        counts = [self.requests(c) for c in self.concurrency]
+        if len(set(counts)) == 1:
+            return str(counts[0])
+        return (" / ".join(map(str, counts)) + " (at concurrency "
+                + " / ".join(map(str, self.concurrency)) + ")")
+
+    def cells(self) -> list["Cell"]:
+        """Every cell, interleaved by repeat (plan_cells)."""
+        return plan_cells(list(self.concurrency), self.repeats)
 
 
 def cell_timeout_s(request_count: int, warmup_requests: int, output_tokens: int,
@@ -158,7 +187,7 @@ class CellRun:
     rss_bytes: int | None
     # vLLM: (before, after) of scrape_metrics, each {"file": ..., "generation_tokens": ...}
     metrics: tuple | None = None
-    requests: int | None = None  # measured requests asked of AIPerf (lib.sweep.cell_requests)
+    requests: int | None = None  # measured requests asked of AIPerf (SweepPlan.requests)
 
 
 _BOX = str.maketrans({c: " " for c in "│╭╮╰╯─┃━┏┓┗┛"})
@@ -174,20 +203,20 @@ def _tail(text: str, lines: int = 6) -> str:
     return "\n".join(kept[-lines:])
 
 
-def run_cell(stage, server: Server, cell: Cell, *, engine: str, mmap_dir: Path,
-             arm: str | None = None, shape: tuple[int, int] | None = None) -> CellRun:
-    """One AIPerf run; its artifacts under the arm's name (default: the engine's); `shape` =
-    (input tokens, output tokens), default the stage's."""
-    p = stage.params
+def run_cell(stage, server: Server, cell: Cell, plan: SweepPlan, shape: Shape, *, engine: str,
+             mmap_dir: Path, arm: str | None = None) -> CellRun:
+    """One AIPerf run of `plan`'s cell at `shape`; its artifacts under the arm's name (default:
+    the engine's) in the stage's folder."""
     out = cell_dir(stage, cell, arm or engine)
-    input_tokens, output_tokens = shape or (p["input_tokens"], p["output_tokens"])
-    warmup = cell_warmup(p, cell.concurrency)
-    requests = cell_requests(p, cell.concurrency)
+    input_tokens, output_tokens = shape.input_tokens, shape.output_tokens
+    warmup = plan.warmup(cell.concurrency)
+    requests = plan.requests(cell.concurrency)
+
     def argv_for(aiperf, artifact_dir, cores):
         return aiperf_argv(
             engine=engine, model_dir=server.model_dir, url=server.url,
             concurrency=cell.concurrency, request_count=requests, warmup_requests=warmup,
-            input_tokens=input_tokens, output_tokens=output_tokens, seed=p["seed"],
+            input_tokens=input_tokens, output_tokens=output_tokens, seed=plan.seed,
             artifact_dir=artifact_dir, cores=cores, aiperf=aiperf or AIPERF,
             tokenizer_revision=server.tokenizer_revision)
 

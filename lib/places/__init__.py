@@ -11,10 +11,11 @@ lib.places.base; the errors places raise are lib.core.errors'.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, RankJob,  # noqa: F401
-                             ServeSpec, Unsupported)
+from lib.core import stage as stage_mod
+from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, PlaceSpec,  # noqa: F401
+                             RankJob, ServeSpec, Unsupported)
 from lib.places.kube import KubePlace
 from lib.places.local import LocalPlace
 from lib.places.plan import KubePlan, plan_class, plan_place
@@ -31,34 +32,47 @@ def place_class(context: str, plan_for: str | None = None) -> type[Place]:
 
 
 def for_stage(stage) -> Place:
-    """The stage's place, made once per stage."""
+    """The stage's place, made once per stage: handed the values the stage hands it
+    (`stage.place_spec`, lib.places.base.PlaceSpec) and the stage, which records its evidence."""
     place = getattr(stage, "_place", None)
     if place is None:
-        context = stage.params["context"]
-        place = stage._place = (plan_place(stage) if context == "plan"
-                                else PLACES[context](stage))
+        spec = stage.place_spec
+        place = stage._place = (plan_place(stage, spec) if spec.context == "plan"
+                                else PLACES[spec.context](stage, spec))
     return place
 
 
-def _class_of(resolved: dict[str, Any]) -> type[Place]:
-    return place_class(resolved["context"], resolved.get("plan_for"))
+def _spec(spec: PlaceSpec | Mapping[str, Any]) -> PlaceSpec:
+    """A PlaceSpec as given; values a caller has not yet made into one are made into one by the
+    stage layer's builder (lib.stages.specs.place_spec, through lib.core.stage): nothing here
+    reads a parameter by its name."""
+    return spec if isinstance(spec, PlaceSpec) else stage_mod.build_place_spec(spec)
 
 
-def engine_default(resolved: dict[str, Any]) -> str:
-    return _class_of(resolved).engine_default(resolved)
+def _class_of(spec: PlaceSpec) -> type[Place]:
+    return place_class(spec.context, spec.plan_for)
 
 
-def check_engine(resolved: dict[str, Any]) -> None:
-    _class_of(resolved).check_engine(resolved)
+def engine_default(spec: PlaceSpec | Mapping[str, Any]) -> str:
+    """The engine a stage serves with here when its `engine` is '' (the place's pick)."""
+    spec = _spec(spec)
+    return _class_of(spec).engine_default(spec)
 
 
-def plans(resolved: dict[str, Any]) -> bool:
-    """Whether the place of these parameters only plans (its door records and runs nothing
-    against a cluster or a server): its class's `plans_only`."""
-    return _class_of(resolved).plans_only
+def engine_refusal(spec: PlaceSpec | Mapping[str, Any]) -> str | None:
+    """Why the place of `spec` cannot serve with the engine it names (None: it can); asked
+    before a stage opens to record (lib.stages.rules_places.check_engine_here refuses it)."""
+    spec = _spec(spec)
+    return _class_of(spec).engine_refusal(spec)
 
 
-def on_one_machine(resolved: dict[str, Any]) -> bool:
-    """Whether the place of these parameters runs every rank on this one machine (one node, its
-    GPUs the ranks): the parameter rules on nodes and ranks ask it."""
-    return _class_of(resolved).one_machine
+def plans(spec: PlaceSpec | Mapping[str, Any]) -> bool:
+    """Whether the place of `spec` only plans (its door records and runs nothing against a
+    cluster or a server): its class's `plans_only`."""
+    return _class_of(_spec(spec)).plans_only
+
+
+def on_one_machine(spec: PlaceSpec | Mapping[str, Any]) -> bool:
+    """Whether the place of `spec` runs every rank on this one machine (one node, its GPUs the
+    ranks): the parameter rules on nodes and ranks ask it."""
+    return _class_of(_spec(spec)).one_machine

@@ -22,8 +22,17 @@ AIPerf's argv.
 A place that only plans (`plans_only`: the plans of lib.places.plan) runs nothing: its door
 records what the place it plans for would run.
 
-`engine_default(resolved)` and `check_engine(resolved)` are asked before a stage opens (no door
-yet): the engine a stage serves with when its `engine` parameter is '' comes from the place.
+A place is handed typed values, never a parameter by its name: a PlaceSpec (every value of the
+stage's parameters a place reads), built once by the stage layer from the stage's typed model
+(lib.stages.specs.place_spec) and carried by the Stage (`stage.place_spec`); the Stage itself
+is what records evidence (its door, its folder, its gates). Nothing here checks a parameter:
+the stage's model refused what a place cannot take before the stage opened
+(lib.stages.registry, lib.stages.rules_places).
+
+`engine_default(spec)` and `engine_refusal(spec)` are asked before a stage opens (no door yet):
+the engine a stage serves with when its `engine` parameter is '' comes from the place, and why
+this place cannot serve with the engine named (the stage layer refuses it:
+lib.stages.rules_places.check_engine_here).
 """
 from __future__ import annotations
 
@@ -31,10 +40,63 @@ import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from lib.core.errors import Unsupported  # noqa: F401  (lib.places.Unsupported, as stages catch it)
 from lib.engines.transformers import Server
+
+
+# The contexts a stage runs in, and the cluster places a plan plans for (lib.stages.registry's
+# CONTEXTS and CLUSTER_PLACES: the model refused anything else)
+Context = Literal["local", "plan", "kube", "slurm"]
+ClusterPlace = Literal["kube", "slurm"]
+
+
+@dataclass(frozen=True)
+class PlaceSpec:
+    """Every value of a stage's parameters that a place reads, typed, as the stage's model
+    accepted them (lib.stages.specs.place_spec builds it once, when the stage opens; in a
+    replay, from the recorded parameters). None: the stage takes no such parameter (or, for
+    gpus_per_node on the local context, it is detected at run time)."""
+    context: Context = "local"
+    plan_for: ClusterPlace | None = None  # context plan: the place planned for
+    engine: str | None = None  # '' : the place's pick (settled before the stage opens)
+    transport: str | None = None  # lib.engines.transport's contract (None: the place's)
+    seed: int | None = None
+    # the nodes
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    efa_per_node: int | None = None
+    instance_type: str | None = None
+    # the software on them
+    image: str | None = None  # '' : none given
+    venv: str | None = None  # slurm: '' none
+    deepep_dir: str | None = None  # '' none
+    nccl_site: str | None = None  # '' none
+    # slurm
+    partition: str | None = None  # '' the cluster's default
+    account: str | None = None  # '' none
+    slurm_mpi: str | None = None
+    time_limit_min: int | None = None
+    # kube and slurm: waits, and what is left behind
+    schedule_timeout_s: float | None = None
+    job_timeout_s: float | None = None
+    keep: bool | None = None
+    # kube
+    kube_context: str | None = None  # '' kubectl's current context
+    namespace: str | None = None
+    kube_workload: str | None = None  # statefulset or leaderworkerset
+    hf_token_secret: str | None = None  # '' none
+    # the served model
+    model: str | None = None
+    model_revision: str | None = None  # '' the Hub's current one
+    model_cache_dir: str | None = None  # '' none
+    model_layers: int | None = None  # the seeded model's decoder layers
+
+    @property
+    def leaderworkerset(self) -> bool:
+        """Whether the kube place serves as one LeaderWorkerSet group (else a StatefulSet)."""
+        return self.kube_workload == "leaderworkerset"
 
 
 @dataclass
@@ -163,16 +225,17 @@ class Place:
     kind = "?"
     what = "this place"
     # whether this place only plans: its door records what would run, nothing is run (the
-    # plans of lib.places.plan); lib.places.plans(resolved) reads it
+    # plans of lib.places.plan); lib.places.plans(spec) reads it
     plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
     # the transport contract of lib.engines.transport its GPU processes get: the stage's
     # `transport` (lib.stages.registry: efa on a cluster by default, gin_type5 where the pin
-    # set reaches its floor); the local place has one of its own (intranode_nvlink)
+    # set reaches its floor; efa for a run recorded before it was a parameter); the local place
+    # has one of its own (intranode_nvlink)
     @property
     def transport(self) -> str:
-        return (getattr(self.stage, "params", None) or {}).get("transport") or "efa"
+        return self.spec.transport or "efa"
 
     def transport_of(self, spec: ServeSpec) -> str:
         """The contract a serve's processes get: its own (an A/B arm's) or the place's."""
@@ -188,19 +251,25 @@ class Place:
     # the engines (lib.engines.catalog) it serves with; another is its SKIP
     engines: tuple[str, ...] = ()
 
-    def __init__(self, stage):
+    def __init__(self, stage, spec: PlaceSpec | None = None):
+        """`stage`: what records the place's evidence (its door, its folder, its gates);
+        `spec`: the values the stage hands it (default: the stage's own, `stage.place_spec`)."""
         self.stage = stage
         self.door = stage.door
+        self.spec: PlaceSpec = stage.place_spec if spec is None else spec
 
     # ---- asked before a stage opens -----------------------------------------------------------
     @classmethod
-    def engine_default(cls, resolved: dict[str, Any]) -> str:
+    def engine_default(cls, spec: PlaceSpec) -> str:
         """The engine a stage serves with when `engine` is ''. Cluster places serve with vLLM."""
         return "vllm"
 
     @classmethod
-    def check_engine(cls, resolved: dict[str, Any]) -> None:
-        """Refuse an engine this place cannot serve with (ParameterError), before any effect."""
+    def engine_refusal(cls, spec: PlaceSpec) -> str | None:
+        """Why this place cannot serve with the engine `spec` names (what the engine parameter
+        may be here instead, and what was found), or None; the stage layer refuses it before
+        any effect (lib.stages.rules_places.check_engine_here)."""
+        return None
 
     # ---- capabilities -------------------------------------------------------------------------
     def _cannot(self, what: str) -> Unsupported:

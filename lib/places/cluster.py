@@ -25,21 +25,18 @@ CONFIG_SCRIPT = ("import sys\nfrom huggingface_hub import hf_hub_download\n"
                  ".read())\n")
 
 
-def pinned_model(params: dict[str, Any], announce: bool, download: str):
-    """The cluster model named by its pin (pins.yaml's model and revision; nothing built here):
-    (the model to serve, the gate 'model named by its pin'). `download` says where the nodes
-    download it (the gate's reason)."""
-    experts = routed_experts(params["model"])
-    info = {"model_dir": params["model"], "revision": params["model_revision"],
-            "num_experts": experts, "config_hash": params["model_revision"],
-            "parameters": None, "seed": None, "built": False}
+def pinned_model(model: str | None, revision: str | None, announce: bool, download: str):
+    """The cluster model named by its pin (pins.yaml's model and revision, the stage's `model`
+    and `model_revision`; nothing built here): (the model to serve, the gate 'model named by
+    its pin'). `download` says where the nodes download it (the gate's reason)."""
+    experts = routed_experts(model)
+    info = {"model_dir": model, "revision": revision, "num_experts": experts,
+            "config_hash": revision, "parameters": None, "seed": None, "built": False}
     if announce:
-        print(f"serving {params['model']} at revision {params['model_revision']} (pins.yaml)",
-              flush=True)
-    return info, gate("model named by its pin",
-                      bool(params["model"] and params["model_revision"]),
-                      {"model": params["model"], "revision": params["model_revision"],
-                       "routed_experts": experts}, {"revision": "40 hex"}, download, [])
+        print(f"serving {model} at revision {revision} (pins.yaml)", flush=True)
+    return info, gate("model named by its pin", bool(model and revision),
+                      {"model": model, "revision": revision, "routed_experts": experts},
+                      {"revision": "40 hex"}, download, [])
 
 
 def gate_adder(stage, server, gate_prefix: str) -> Callable[[Gate | dict | None], None]:

@@ -66,16 +66,16 @@ class KubePlace(KubeAiperf, Place):
     what = "the kube place (Kubernetes through kubectl)"
     engines = ("vllm", "sglang", "trtllm")
 
-    def __init__(self, stage):
-        super().__init__(stage)
-        self.namespace = stage["namespace"]
+    def __init__(self, stage, spec=None):
+        super().__init__(stage, spec)
+        self.namespace = self.spec.namespace
         self._nodes: list[dict] | None = None
         self._answered = False  # whether the API server has answered in this stage (retries)
         stage.on_exit(self.clean_up)
 
     # ---- kubectl --------------------------------------------------------------------------
     def kubectl(self, *args: str) -> list[str]:
-        context = self.stage["kube_context"]
+        context = self.spec.kube_context
         return ["kubectl", *(["--context", context] if context else []),
                 "--namespace", self.namespace, *args]
 
@@ -111,16 +111,16 @@ class KubePlace(KubeAiperf, Place):
 
     def where(self) -> str:
         """The cluster this place drives, as a refusal names it."""
-        context = self.stage["kube_context"]
+        context = self.spec.kube_context
         named = f"kube context {context!r}" if context else "kubectl's current context"
         return f"{named} (namespace {self.namespace})"
 
     def clean_up(self) -> None:
         """Delete what this stage applied (its run and stage labels), unless `keep`."""
-        if self.stage["keep"]:
+        if self.spec.keep:
             return
         selector = stage_selector(self.stage.run_id, self.stage.name)
-        if self.stage.params.get("kube_workload") == "leaderworkerset":  # first: no pod remade
+        if self.spec.leaderworkerset:  # first: no pod remade
             self._run("delete", manifests.LWS_RESOURCE, "-l", selector, "--ignore-not-found",
                       "--wait=true", timeout=DELETE_TIMEOUT_S)
         self._run("delete", "statefulset,service,pod,job,configmap", "-l", selector,
@@ -139,24 +139,23 @@ class KubePlace(KubeAiperf, Place):
                 items = []
             if not got.ok:
                 raise PlaceError(self.where(), "the API server did not list the nodes", got)
-            kind = self.stage["instance_type"]
+            kind = self.spec.instance_type
             self._nodes = [n for n in items if (n["metadata"].get("labels") or {}).get(
                 manifests.INSTANCE_TYPE_LABEL) == kind]
         return self._nodes
 
     def _nodes_argv(self) -> list[str]:
-        context = self.stage["kube_context"]
+        context = self.spec.kube_context
         return ["kubectl", *(["--context", context] if context else []), "get", "nodes",
                 "-o", "json"]
 
     def gpus(self) -> int:
         found = [int((n["status"].get("allocatable") or {}).get(manifests.GPU_RESOURCE, 0))
                  for n in self.nodes()]
-        return min(found) if found else int(self.stage["gpus_per_node"] or 0)
+        return min(found) if found else int(self.spec.gpus_per_node or 0)
 
     def node_needs(self) -> NodeNeeds:
-        p = self.stage.params
-        return NodeNeeds(gpus=p["gpus_per_node"], efa=p["efa_per_node"], gdrdrv=True,
+        return NodeNeeds(gpus=self.spec.gpus_per_node, efa=self.spec.efa_per_node, gdrdrv=True,
                          hugepages=True)
 
     def host_facts(self) -> list[dict[str, Any]]:
@@ -167,7 +166,7 @@ class KubePlace(KubeAiperf, Place):
             versions = {}
         nodes = self.nodes()
         if not nodes:
-            raise PlaceError(self.where(), f"no node of instance type {self.stage['instance_type']} in the "
+            raise PlaceError(self.where(), f"no node of instance type {self.spec.instance_type} in the "
                               "cluster (kubectl get nodes, label "
                               f"{manifests.INSTANCE_TYPE_LABEL})")
         facts = [node_facts(n, versions) for n in nodes]
@@ -177,7 +176,7 @@ class KubePlace(KubeAiperf, Place):
         self.apply(objects, "node-probes")
         names = [o["metadata"]["name"] for o in objects]
         try:
-            statuses = self.wait_pods(names, done=True, timeout_s=self.stage["job_timeout_s"])
+            statuses = self.wait_pods(names, done=True, timeout_s=self.spec.job_timeout_s)
         except NotScheduled as why:  # pinned by nodeName: only a missing node does this
             raise PlaceError(self.where(), f"the node probes were not scheduled: {why}") from None
         for f, name in zip(facts, names):
@@ -190,13 +189,13 @@ class KubePlace(KubeAiperf, Place):
     # ---- pods -----------------------------------------------------------------------------
     def _where(self) -> dict[str, Any]:
         """Where every object of this stage goes, and what it carries."""
-        p = self.stage.params
+        spec = self.spec
         return {"run_id": self.stage.run_id, "namespace": self.namespace,
-                "stage": self.stage.name, "instance_type": p["instance_type"],
-                "gpus_per_node": p["gpus_per_node"], "efa_per_node": p["efa_per_node"]}
+                "stage": self.stage.name, "instance_type": spec.instance_type,
+                "gpus_per_node": spec.gpus_per_node, "efa_per_node": spec.efa_per_node}
 
     def _image(self) -> str:
-        image = self.stage["image"]
+        image = self.spec.image
         if not image:
             raise Unsupported("no image given: the kube place runs the guide's image on the "
                               "nodes (-p image <registry>/<name>@sha256:... or an immutable "
@@ -214,7 +213,7 @@ class KubePlace(KubeAiperf, Place):
         Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason; a pod
         stuck on its image or config raises PodStuck at once; pods of the StatefulSet `made_by`
         still absent after CREATE_GRACE_S raise PodsNotCreated where its controller said why."""
-        schedule_by = self.stage["schedule_timeout_s"]
+        schedule_by = self.spec.schedule_timeout_s
 
         def look(elapsed) -> tuple[bool, dict[str, dict]]:
             pods = self.pod_status(names)
@@ -275,7 +274,7 @@ class KubePlace(KubeAiperf, Place):
         try:
             try:
                 statuses = self.wait_pods(pods, done=True, timeout_s=job.timeout_s
-                                          + self.stage["schedule_timeout_s"])
+                                          + self.spec.schedule_timeout_s)
             except NotScheduled as why:  # PodStuck: scheduled, but its container cannot start
                 what, who = (("started", "the kubelet") if isinstance(why, PodStuck)
                              else ("scheduled", "the scheduler"))
@@ -296,7 +295,7 @@ class KubePlace(KubeAiperf, Place):
     def delete(self, name: str, configmap: bool = False) -> None:
         """Delete one group of this stage's objects (pods, services, a StatefulSet; with
         `configmap`, a rank job's ConfigMap of guide files too), unless `keep`."""
-        if self.stage["keep"]:
+        if self.spec.keep:
             return
         self._run("delete", "statefulset,service,pod,job" + (",configmap" if configmap else ""),
                   "-l",
@@ -317,13 +316,13 @@ class KubePlace(KubeAiperf, Place):
             **self._where(), name=name, image=image, nodes=1,
             argv=lambda node: [VERIFY_IN_IMAGE], env=lambda node: {},
             transport=self.transport, needs_gdrcopy=False,
-            timeout_s=self.stage["job_timeout_s"])
+            timeout_s=self.spec.job_timeout_s)
         self.apply(objects, name)
         pod = f"{name}-0"
         try:
             try:
                 statuses = self.wait_pods([pod], done=True,
-                                          timeout_s=self.stage["job_timeout_s"])
+                                          timeout_s=self.spec.job_timeout_s)
             except NotScheduled as why:
                 self.stage.add(gate("verify-image.sh in the image", False, "Pending",
                                     "a pod on one node", f"the scheduler: {why}", []))
@@ -349,12 +348,12 @@ class KubePlace(KubeAiperf, Place):
         if engine not in self.engines:
             raise Unsupported(f"{self.what} serves with {', '.join(self.engines)}, not engine "
                               f"{engine!r}")
-        return pinned_model(self.stage.params, announce,
+        return pinned_model(self.spec.model, self.spec.model_revision, announce,
                             "the nodes download it into model_cache_dir at this revision")
 
     def _model_cache_dir(self) -> str:
         """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given)."""
-        return self.stage["model_cache_dir"]
+        return self.spec.model_cache_dir or ""
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:
@@ -363,22 +362,22 @@ class KubePlace(KubeAiperf, Place):
         the cluster's LWS controller makes its pods); ready when the leader's probe holds; every
         pod's log kept and gated; deleted when the block ends (unless `keep`, then the next
         stage's apply finds it as it is)."""
-        stage, p = self.stage, self.stage.params
+        stage = self.stage
         name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else spec.engine)
         cache = self._model_cache_dir()
         if not cache:
             raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
                               "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
-        lws = p.get("kube_workload") == "leaderworkerset"
+        lws = self.spec.leaderworkerset
         render = manifests.leaderworkerset_objects if lws else manifests.vllm_objects
         objects = render(
             **self._where(), name=name, image=self._image(), nodes=spec.nodes,
             model_cache_dir=cache, model=spec.model["model_dir"],
-            model_revision=p["model_revision"], backend=spec.backend,
+            model_revision=self.spec.model_revision, backend=spec.backend,
             ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
-            hf_token_secret=p["hf_token_secret"] or None, engine=spec.engine,
+            hf_token_secret=self.spec.hf_token_secret or None, engine=spec.engine,
             transport=self.transport_of(spec))
-        gpus = int(p["gpus_per_node"])
+        gpus = int(self.spec.gpus_per_node)
         server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                             stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
                             backend=spec.backend, gpus=gpus * spec.nodes,
@@ -398,7 +397,7 @@ class KubePlace(KubeAiperf, Place):
                               lambda n: self._json("get", "node", n), lambda uid: self._json(
                                   "get", "events", "--field-selector", f"involvedObject.uid={uid}"),
                               [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]))
-            if not self.plans_only and not p.get("keep"):
+            if not self.plans_only and not self.spec.keep:
                 if lws:
                     self.delete_lws(name)
                 self.delete(name)
@@ -413,7 +412,7 @@ class KubePlace(KubeAiperf, Place):
     def _gate_serve(self, server: KubeServer, spec: ServeSpec, add, lws: bool) -> None:
         """Wait for the serve's pods (by their StatefulSet or LeaderWorkerSet names), keep
         every pod's log and gate them: ready, then the engine's gates over every log."""
-        stage, gpus = self.stage, int(self.stage["gpus_per_node"])
+        stage, gpus = self.stage, int(self.spec.gpus_per_node)
         started = self.door.now()
         try:
             statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s,
@@ -472,9 +471,8 @@ class KubePlace(KubeAiperf, Place):
     def read_model_config(self, server, model: dict[str, Any]) -> tuple[dict | None, str | None]:
         """The served model's config.json, read where vLLM downloaded it (the leader pod's
         model cache, offline), kept as the stage's model_config.json."""
-        p = self.stage.params
         call = self.door.run(self.kubectl(
             "exec", server.pods[0], "--", "env", "HF_HUB_OFFLINE=1", "python3", "-c",
-            _CONFIG_SCRIPT, model["model_dir"], p["model_revision"] or "main"),
+            _CONFIG_SCRIPT, model["model_dir"], self.spec.model_revision or "main"),
             timeout=KUBECTL_TIMEOUT_S, check=False)
         return saved_model_config(self.stage, call)

@@ -31,17 +31,18 @@ class KubeAiperf:
         folder = f"{manifests.ARTIFACT_ROOT}/cell"
         argv = argv_for(AIPERF_IN_IMAGE, folder, None)
         serve_name = server.name
-        lws = self.stage.params.get("kube_workload") == "leaderworkerset"
-        cache = self.stage["model_cache_dir"] if server.tokenizer_revision else None
+        cache = self.spec.model_cache_dir if server.tokenizer_revision else None
+        leader = manifests.leader_selector(self.stage.run_id, serve_name,
+                                           self.spec.leaderworkerset)
         job = manifests.aiperf_job(
             run_id=self.stage.run_id, image=self._image(), argv=argv, artifact_dir=folder,
             block=job_name, name=job_name, stage=self.stage.name, namespace=self.namespace,
-            serve_name=serve_name, timeout_s=timeout, env=AIPERF_ENV, model_cache_dir=cache,
-            beside=manifests.leader_selector(self.stage.run_id, serve_name, lws))
+            serve_name=serve_name, timeout_s=timeout, env=AIPERF_ENV,
+            leader_cache=manifests.LeaderCache(cache, leader) if cache else None)
         started = self.door.now()
         self.apply([job], job_name)
         try:
-            pod = self.wait_job(job_name, timeout_s=timeout + self.stage["schedule_timeout_s"])
+            pod = self.wait_job(job_name, timeout_s=timeout + self.spec.schedule_timeout_s)
             name_of = (pod or {}).get("metadata", {}).get("name")
             text = self.pod_log(name_of, pod) if name_of else ""
             try:
@@ -68,6 +69,6 @@ class KubeAiperf:
             if pod and is_finished(pod):
                 return True, pod
             reason = unschedulable(pod) if pod else None
-            return bool(reason and waited >= self.stage["schedule_timeout_s"]), pod
+            return bool(reason and waited >= self.spec.schedule_timeout_s), pod
 
         return wait_until(self.door, look, timeout_s, f"the job {name}", poll_s=POLL_S)

@@ -10,33 +10,16 @@ manifests/) is its evidence.
 """
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterable
 
 from lib.core.door import REPO_ROOT
-from lib.core.errors import ParameterError
 
 
 def guide_files(paths: Iterable[str], root: Path = REPO_ROOT) -> dict[str, str]:
-    """{path relative to the repository root: its text}, in the order given. Each must be a
-    relative POSIX path to a .py file of the checkout, inside it; a package's module needs its
-    __init__.py named too (Python imports lib.bench.x only through lib/__init__.py and
-    lib/bench/__init__.py)."""
-    paths = list(paths)
-    files: dict[str, str] = {}
-    for path in paths:
-        rel = PurePosixPath(str(path))
-        if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".py" or str(rel) != path:
-            raise ParameterError("modules", path, "relative paths of the guide's .py files "
-                                 "under the repository root (e.g. lib/bench/moe_train.py)")
-        file = root / rel
-        if not file.is_file():
-            raise ParameterError("modules", path, f"files of the checkout ({root}); "
-                                 f"{path} is not one")
-        files[path] = file.read_text(encoding="utf-8")
-    for path in paths:
-        for package in PurePosixPath(path).parents:
-            if str(package) != "." and f"{package}/__init__.py" not in files:
-                raise ParameterError("modules", paths, f"every package's __init__.py beside its "
-                                     f"modules: {path} needs {package}/__init__.py")
-    return files
+    """{path relative to the repository root: its text}, in the order given. The paths are a
+    RankJob's `modules`, the guide's own (lib.engines.deepep.TEST_EP_MODULES,
+    lib.stages.train.TRAIN_MODULES): relative POSIX paths of .py files of the checkout, every
+    package's __init__.py named beside its modules (Python imports lib.bench.x only through
+    lib/__init__.py and lib/bench/__init__.py; tests/test_guide_modules.py checks each list)."""
+    return {path: (root / path).read_text(encoding="utf-8") for path in paths}

@@ -29,7 +29,7 @@ class KubePlan(Planning, KubePlace):
 
     # ---- what a plan cannot know ----------------------------------------------------------
     def _image(self) -> str:
-        image = self.stage["image"]
+        image = self.spec.image
         if not image:
             image = planned_image(self.stage)
             self._note(f"image: {image} (02's tag for these pins; give -p image "
@@ -38,14 +38,15 @@ class KubePlan(Planning, KubePlace):
 
     def nodes(self) -> list[dict]:
         if self._nodes is None:
+            spec = self.spec
             self._nodes = [{"metadata": {"name": f"node-{k}", "labels": {
-                manifests.INSTANCE_TYPE_LABEL: self.stage["instance_type"]}},
-                "status": {"allocatable": {manifests.GPU_RESOURCE: str(self.stage[
-                    "gpus_per_node"]), manifests.EFA_RESOURCE: str(self.stage["efa_per_node"])},
+                manifests.INSTANCE_TYPE_LABEL: spec.instance_type}},
+                "status": {"allocatable": {manifests.GPU_RESOURCE: str(spec.gpus_per_node),
+                                           manifests.EFA_RESOURCE: str(spec.efa_per_node)},
                     "conditions": [{"type": "Ready", "status": "True"}]}}
-                for k in range(self.stage["nodes"])]
-            self._note(f"nodes: node-0..node-{self.stage['nodes'] - 1} stand for the cluster's "
-                       f"{self.stage['instance_type']} nodes (kubectl get nodes names them)")
+                for k in range(spec.nodes)]
+            self._note(f"nodes: node-0..node-{spec.nodes - 1} stand for the cluster's "
+                       f"{spec.instance_type} nodes (kubectl get nodes names them)")
         return self._nodes
 
     def _run(self, *args: str, timeout: float = 120.0):
@@ -103,7 +104,7 @@ class KubePlan(Planning, KubePlace):
         return super()._model_cache_dir() or PLACEHOLDER_CACHE
 
     def serve(self, spec: ServeSpec):
-        if not self.stage["model_cache_dir"]:
+        if not self.spec.model_cache_dir:
             self._note(f"model_cache_dir: {PLACEHOLDER_CACHE} (where your nodes mount their "
                        "NVMe instance storage: give -p model_cache_dir)")
         return super().serve(spec)

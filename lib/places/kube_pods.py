@@ -86,11 +86,15 @@ def node_facts(node: dict, versions: dict) -> dict[str, Any]:
 
 
 def object_name(what: str) -> str:
-    """A DNS-1123 name for a group of objects (`test_ep at 128 tokens` -> `test-ep-at-128-tokens`).
-    A slug over the manifests' limit keeps its head and a digest of the whole, so two long names
-    that differ only at the end (an A/B's AIPerf Jobs `...-decode-c1-r1` and `...-r2`) stay two
-    names; a slug within the limit is itself (recorded runs name their objects so)."""
+    """A name for a group of objects, as the manifests' NAME_RULE takes it (a DNS-1035 label of at
+    most NAME_MAX: `test_ep at 128 tokens` -> `test-ep-at-128-tokens`). A slug over the limit
+    keeps its head and a digest of the whole, so two long names that differ only at the end (an
+    A/B's AIPerf Jobs `...-decode-c1-r1` and `...-r2`) stay two names; a slug within the limit
+    is itself (recorded runs name their objects so), with `job-` before one that does not begin
+    with a letter (a Service's name must)."""
     slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-") or "job"
+    if not slug[0].isalpha():
+        slug = f"job-{slug}"
     if len(slug) <= manifests.NAME_MAX:
         return slug
     digest = hashlib.sha256(slug.encode()).hexdigest()[:8]

@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from lib.core.errors import ParameterError, Unsupported
+from lib.core.errors import Unsupported
 from lib.core.evidence import gate, skip
 from lib.engines import server as served, transformers, vllm_server
 from lib.engines.devices import cuda_device_count
-from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec
+from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, PlaceSpec, RankJob, ServeSpec
 
 HOST = "127.0.0.1"
 BUILD_TIMEOUT_S = 4 * 3600.0  # docker build of the image (EFA installer, DeepEP, vLLM)
@@ -49,18 +49,19 @@ def engine_for_this_machine() -> str:
     return "vllm" if has_vllm and gpus >= 2 else "transformers"
 
 
-def check_engine_here(resolved: dict[str, Any]) -> None:
-    """engine='vllm' needs 2+ GPUs and vllm importable: refused in the first cell otherwise.
-
-    Read before the run is opened, so nothing is recorded for a refused engine."""
-    if resolved.get("engine") != "vllm":
-        return
+def engine_refusal_here(engine: str | None) -> str | None:
+    """Why this machine cannot serve with `engine` (what the engine parameter may be instead,
+    and what was found), or None: engine 'vllm' needs 2+ GPUs and vllm importable. Read before
+    the run is opened (lib.stages.rules_places refuses it in the first cell), so nothing is
+    recorded for a refused engine."""
+    if engine != "vllm":
+        return None
     gpus, has_vllm = vllm_here()
     if gpus < 2 or not has_vllm:
-        raise ParameterError(
-            "engine", "vllm", f"'transformers' (or '') on this machine: engine 'vllm' needs 2 or "
-            f"more GPUs and vllm importable; found {gpus} GPU(s) and vllm "
-            f"{'importable' if has_vllm else 'not installed'}")
+        return (f"'transformers' (or '') on this machine: engine 'vllm' needs 2 or more GPUs and "
+                f"vllm importable; found {gpus} GPU(s) and vllm "
+                f"{'importable' if has_vllm else 'not installed'}")
+    return None
 
 
 def meminfo_kib(text: str | None, key: str) -> int | None:
@@ -93,12 +94,12 @@ class LocalPlace(Place):
     one_machine = True
 
     @classmethod
-    def engine_default(cls, resolved: dict[str, Any]) -> str:
+    def engine_default(cls, spec: PlaceSpec) -> str:
         return engine_for_this_machine()
 
     @classmethod
-    def check_engine(cls, resolved: dict[str, Any]) -> None:
-        check_engine_here(resolved)
+    def engine_refusal(cls, spec: PlaceSpec) -> str | None:
+        return engine_refusal_here(spec.engine)
 
     def gpus(self) -> int:
         return cuda_device_count(self.door)
@@ -169,8 +170,9 @@ class LocalPlace(Place):
                               f"{engine!r} (it runs on a cluster place: kube, slurm, or plan)")
         if announce:
             print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
-                  f"{self.stage['seed']}, {self.stage['model_layers']} layers", flush=True)
-        return transformers.build_model(self.stage, engine)
+                  f"{self.spec.seed}, {self.spec.model_layers} layers", flush=True)
+        return transformers.build_model(self.stage, engine, seed=self.spec.seed,
+                                        layers=self.spec.model_layers)
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[Any]:
@@ -186,7 +188,7 @@ class LocalPlace(Place):
         with vllm_server.vllm_server(
                 stage, model_dir, gpus=gpus, backend=spec.backend,
                 num_experts=spec.model["num_experts"], enforce_eager=spec.enforce_eager,
-                nccl_site=stage["nccl_site"] or None, deepep_dir=stage["deepep_dir"] or None,
+                nccl_site=self.nccl_site(), deepep_dir=self.deepep_dir(),
                 expert_parallel=spec.expert_parallel, timeout_s=spec.timeout_s,
                 ep_num_comms=spec.num_comms,
                 gate_prefix=spec.gate_prefix,
@@ -194,10 +196,10 @@ class LocalPlace(Place):
             yield server
 
     def deepep_dir(self) -> str | None:
-        return self.stage["deepep_dir"] or None  # a DeepEP built here (docker/build_deepep.sh)
+        return self.spec.deepep_dir or None  # a DeepEP built here (docker/build_deepep.sh)
 
     def nccl_site(self) -> str | None:
-        return self.stage["nccl_site"] or None
+        return self.spec.nccl_site or None
 
     def read_model_config(self, server, model: dict[str, Any]):
         """The served model's config.json, here where it was built."""

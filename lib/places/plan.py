@@ -31,6 +31,8 @@ def plan_class(plan_for: str | None) -> type[Place]:
     return KubePlan if (plan_for or "kube") == "kube" else SlurmPlan
 
 
-def plan_place(stage) -> Place:
-    """The plan of the place `plan_for` names."""
-    return plan_class(stage["plan_for"])(stage)
+def plan_place(stage, spec=None) -> Place:
+    """The plan of the place `plan_for` names (`spec`: the stage's values, lib.places.base
+    .PlaceSpec; default the stage's own)."""
+    spec = stage.place_spec if spec is None else spec
+    return plan_class(spec.plan_for)(stage, spec)

@@ -39,8 +39,8 @@ class Planning:
     plans_only = True
     target = verb = past = kept = "?"
 
-    def __init__(self, stage):
-        super().__init__(stage)
+    def __init__(self, stage, spec=None):
+        super().__init__(stage, spec)
         self.what = f"a plan for the {self.target} place (nothing is {self.past} to a cluster)"
         self.notes: list[str] = []
 

@@ -78,24 +78,24 @@ class SlurmPlace(SlurmServing, Place):
     # the nodes' GPU processes get the stage's transport contract (Place.transport: EFA)
     shares_files = True  # the run's folder is on the nodes' shared file system (see above)
 
-    def __init__(self, stage):
-        super().__init__(stage)
+    def __init__(self, stage, spec=None):
+        super().__init__(stage, spec)
         self._rows: list[dict[str, Any]] | None = None
         self._released: set[str] = set()
         self._serving: _Held | None = None
         self.jobs: list[str] = []  # every job id this place submitted, in order
         self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
 
-    # ---- parameters ---------------------------------------------------------------------------
+    # ---- what the stage handed it (lib.places.base.PlaceSpec) --------------------------------
     def _image(self) -> str:
         """`image` as given ('' for none); a plan stands a placeholder in for it."""
-        return self.stage["image"]
+        return self.spec.image or ""
 
     def _venv(self) -> str | None:
         """`venv` as a path: as given when absolute, else inside the checkout (which the nodes
         share): a recorded run then names it relative to the repository and replays in any
         checkout."""
-        venv = self.stage["venv"]
+        venv = self.spec.venv
         if not venv or self._image():
             return None
         path = Path(str(venv))
@@ -112,16 +112,16 @@ class SlurmPlace(SlurmServing, Place):
         """DeepEP on the nodes: the image's build, or the `deepep_dir` beside the venv."""
         if self._image():
             return DEEPEP_IN_IMAGE
-        return self.stage["deepep_dir"] or None
+        return self.spec.deepep_dir or None
 
     def nccl_site(self) -> str | None:
         """The NCCL to preload: none in the image (it pins its own), else `nccl_site`."""
-        return None if self._image() else (self.stage["nccl_site"] or None)
+        return None if self._image() else (self.spec.nccl_site or None)
 
     def _python(self) -> str:
         """The interpreter the nodes run; Unsupported when neither an image nor a venv says
         (once the cluster answered: PlaceError when it does not)."""
-        if self._image() or self.stage["venv"]:
+        if self._image() or self.spec.venv:
             return self.python
         self.nodes()  # a cluster that does not answer is said first: a FAIL, not this SKIP
         raise Unsupported(
@@ -143,7 +143,7 @@ class SlurmPlace(SlurmServing, Place):
     # ---- the cluster's nodes ------------------------------------------------------------------
     def where(self) -> str:
         """The cluster this place drives, as a refusal names it."""
-        partition = self.stage["partition"]
+        partition = self.spec.partition
         return f"slurm partition {partition!r}" if partition else "slurm's default partition"
 
     def _query(self, argv: list[str]) -> CallResult:
@@ -158,7 +158,7 @@ class SlurmPlace(SlurmServing, Place):
     def nodes(self) -> list[dict[str, Any]]:
         """The partition's nodes (`partition`, else the default partition), from sinfo."""
         if self._rows is None:
-            partition = self.stage["partition"]
+            partition = self.spec.partition
             rows = batch.parse_sinfo(self._query(batch.sinfo_argv(partition)).stdout)
             if not partition and any(r["default"] for r in rows):
                 rows = [r for r in rows if r["default"]]
@@ -176,8 +176,8 @@ class SlurmPlace(SlurmServing, Place):
         gdrdrv >= 2.5 and hugepages, all required. A run that declares nodes without EFA
         (`efa_per_node` 0, e.g. CPU nodes) has no EFA path: gdrdrv and hugepages are then not
         required (a SKIP each, saying so); the GPU and EFA counts are gated as declared."""
-        gpus, efa = self.stage["gpus_per_node"], self.stage["efa_per_node"]
-        kind = self.stage["instance_type"]
+        gpus, efa = self.spec.gpus_per_node, self.spec.efa_per_node
+        kind = self.spec.instance_type
         rdma = efa != 0
         return NodeNeeds(
             gpus=gpus, efa=efa, gdrdrv=rdma, hugepages=rdma,
@@ -205,7 +205,7 @@ class SlurmPlace(SlurmServing, Place):
         Raises PlaceError when the nodes could not be allocated in time."""
         version = self._query(["sinfo", "--version"]).stdout.strip()
         rows = {r["node"]: r for r in self.nodes()}
-        gpus, nodes = self.gpus(), int(self.stage["nodes"])
+        gpus, nodes = self.gpus(), int(self.spec.nodes)
         try:
             jobid = self._allocate("node probe", nodes, gpus)
         except NotAllocated as why:
@@ -214,8 +214,7 @@ class SlurmPlace(SlurmServing, Place):
             names, info = self._nodes_of(jobid)
             base = self.stage.path(f"probe-{jobid}")
             call = self._run_step(self._probe_argv(jobid, len(names), str(base), gpus),
-                                  timeout=min(PROBE_TIMEOUT_S,
-                                              self.stage["job_timeout_s"]),
+                                  timeout=min(PROBE_TIMEOUT_S, self.spec.job_timeout_s),
                                   label="the node probe")
         except NotAllocated as why:
             raise PlaceError(self.where(), f"the node probe was not allocated: {why}") from None
@@ -245,7 +244,7 @@ class SlurmPlace(SlurmServing, Place):
         """The probe step: bash on the nodes themselves (never in the image)."""
         return batch.step_argv(
             jobid=jobid, nodes=nodes, out_base=base,
-            time_min=self.stage["time_limit_min"], script=batch.probe_script(),
+            time_min=self.spec.time_limit_min, script=batch.probe_script(),
             script_name="guide-node-probe", chdir=str(self.stage.dir),
             gpus_per_node=gpus, kill_on_bad_exit=False)
 
@@ -255,7 +254,7 @@ class SlurmPlace(SlurmServing, Place):
         every node's exit code and whole output (from its --output/--error files)."""
         python = self._python()
         gpus = self.gpus()
-        timeout = min(float(job.timeout_s), float(self.stage["job_timeout_s"]))
+        timeout = min(float(job.timeout_s), float(self.spec.job_timeout_s))
         try:
             jobid = self._allocate(job.name, job.nodes, gpus)
         except NotAllocated as why:
@@ -275,7 +274,7 @@ class SlurmPlace(SlurmServing, Place):
             cpus = [info[n]["slurm_cpus"] for n in names if info.get(n, {}).get("slurm_cpus")]
             call = self._run_step(batch.step_argv(
                 jobid=jobid, nodes=job.nodes, out_base=base,
-                time_min=self.stage["time_limit_min"],
+                time_min=self.spec.time_limit_min,
                 script=self._wrapper(job.name, per_node, base),
                 script_name=f"guide-{batch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
                 cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus,
@@ -356,7 +355,7 @@ class SlurmPlace(SlurmServing, Place):
                  for n, v in bad.items()] or [f"its nodes {', '.join(nodes) or '?'} up"]
         said.append(f"job {jobid} {state} (reason {job.get('Reason', '?')}, time limit "
                     f"{job.get('TimeLimit', '?')} = time_limit_min "
-                    f"{self.stage['time_limit_min']}"
+                    f"{self.spec.time_limit_min}"
                     f"{', requeued by Slurm: Restarts=' + restarts if restarts not in ('', '0') else ''}"
                     "), then cancelled by the guide")
         streams = list(dict.fromkeys(s for r in runs for s in r.streams))
@@ -364,7 +363,7 @@ class SlurmPlace(SlurmServing, Place):
             f"{label}: Slurm's account of the step", False,
             {"step": step, "job_state": state, "job_reason": job.get("Reason"),
              "restarts": restarts, "time_limit": job.get("TimeLimit"),
-             "time_limit_min": self.stage["time_limit_min"], "nodes": nodes,
+             "time_limit_min": self.spec.time_limit_min, "nodes": nodes,
              "source": "slurmstepd's line; scontrol show job and show node"},
             "the step ends by itself on nodes that stay up", "; ".join(said), streams))
 
@@ -388,13 +387,13 @@ class SlurmPlace(SlurmServing, Place):
     def _alloc_argv(self, label: str, nodes: int, gpus: int) -> list[str]:
         return batch.alloc_argv(
             name=f"guide-{self.stage.name}-{batch.slug(label)}", nodes=nodes,
-            time_min=self.stage["time_limit_min"], partition=self.stage["partition"],
-            account=self.stage["account"], gpus_per_node=gpus)
+            time_min=self.spec.time_limit_min, partition=self.spec.partition,
+            account=self.spec.account, gpus_per_node=gpus)
 
     def _wait_running(self, jobid: str) -> str:
         """The job's nodelist once it runs; NotAllocated when it ends first or is still not
         running after `schedule_timeout_s` (the caller cancels it)."""
-        limit = float(self.stage["schedule_timeout_s"])
+        limit = float(self.spec.schedule_timeout_s)
         last = "not yet in squeue"
 
         def look(elapsed) -> tuple[bool, str | None]:

@@ -37,22 +37,22 @@ class SlurmPlan(Planning, SlurmPlace):
     kept = ("the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines in "
             "the transcript")
 
-    def __init__(self, stage):
-        super().__init__(stage)
+    def __init__(self, stage, spec=None):
+        super().__init__(stage, spec)
         self._planned: dict[str, dict[str, Any]] = {}  # job id -> its label, sbatch, steps
         self._files = 0
 
     # ---- what a plan cannot know ----------------------------------------------------------
     def _image(self) -> str:
         image = super()._image()
-        if not image and not self.stage["venv"]:
+        if not image and not self.spec.venv:
             image = planned_image(self.stage)
             self._note(f"image: {image} (02's tag for these pins; give -p image "
                        "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
         return image
 
     def gpus(self) -> int:
-        return int(self.stage["gpus_per_node"] or 0)
+        return int(self.spec.gpus_per_node or 0)
 
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
         nodes = int(self._planned[jobid]["nodes"])
@@ -63,7 +63,7 @@ class SlurmPlan(Planning, SlurmPlace):
         return names, {n: {"node_addr": n} for n in names}
 
     def host_facts(self) -> list[dict[str, Any]]:
-        nodes, gpus = int(self.stage["nodes"]), self.gpus()
+        nodes, gpus = int(self.spec.nodes), self.gpus()
         jobid = self._allocate("node probe", nodes, gpus)
         try:
             names, _ = self._nodes_of(jobid)
@@ -78,7 +78,7 @@ class SlurmPlan(Planning, SlurmPlace):
         if engine in self.engines and not catalog.engine(engine).expert_parallel:
             self._python()
             self.door.plan([sys.executable, "-m", "lib.models", "build", "--seed",
-                            str(self.stage["seed"]), "--layers", str(self.stage["model_layers"])],
+                            str(self.spec.seed), "--layers", str(self.spec.model_layers)],
                            note="the seeded model, built where the guide runs, into the "
                                 "checkout's .cache/ on the shared file system")
             raise self._not_run("building the seeded model")

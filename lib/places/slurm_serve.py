@@ -142,11 +142,13 @@ class SlurmServing:
         if not catalog.engine(engine).expert_parallel:
             if announce:
                 print(f"building (or finding cached) the seeded MoE model for {engine}, seed "
-                      f"{self.stage['seed']}, {self.stage['model_layers']} layers, in the "
+                      f"{self.spec.seed}, {self.spec.model_layers} layers, in the "
                       "checkout's .cache/ on the shared file system", flush=True)
-            return transformers.build_model(self.stage, engine)
-        cache = self.stage["model_cache_dir"]
-        return pinned_model(self.stage.params, announce, "the nodes download it at this revision"
+            return transformers.build_model(self.stage, engine, seed=self.spec.seed,
+                                            layers=self.spec.model_layers)
+        cache = self.spec.model_cache_dir
+        return pinned_model(self.spec.model, self.spec.model_revision, announce,
+                            "the nodes download it at this revision"
                             + (f" into {cache}" if cache else " into their own HF cache"))
 
     def _serving_allocation(self, nodes: int, gpus: int) -> _Held:
@@ -267,7 +269,7 @@ class SlurmServing:
         server.step_names = [name]
         return [(server.nodes[0], batch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=name,
-            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
+            time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
             env=env, **self._in_image()), server.log_path)]
 
     def _node_steps(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
@@ -275,7 +277,7 @@ class SlurmServing:
         """An expert-parallel engine's leader on node 0 and a worker on every other node, one
         step each, argv and env from the engine (lib.engines.base: vLLM's headless workers,
         SGLang's node ranks)."""
-        p = self.stage.params
+        cache = self.spec.model_cache_dir
         nodes = len(server.nodes)
         rpc = self.door.free_port() if here else batch.DP_RPC_PORT + slot
         stem = server.log_path.stem
@@ -285,8 +287,8 @@ class SlurmServing:
                 spec, server, python, gpus, role="leader" if ordinal == 0 else "worker",
                 start_rank=ordinal * gpus, rpc_port=rpc,
                 gpu_memory_utilization=None if lone else ARM_GPU_MEMORY_UTILIZATION))
-            if p.get("model_cache_dir"):
-                env["HF_HOME"] = p["model_cache_dir"]
+            if cache:
+                env["HF_HOME"] = cache
             if ordinal == 0:
                 server.argv, server.env = list(argv), dict(env)
             name = f"guide-{self.stage.name}-{batch.slug(stem)}-node{ordinal}"
@@ -295,7 +297,7 @@ class SlurmServing:
                 f"{stem}-node{ordinal}.log")
             steps.append((node, batch.task_argv(
                 jobid=server.jobid, node=node, name=name,
-                time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
+                time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
                 env=env, unset=unset_vars(self.transport_of(spec)), gpus_per_node=gpus,
                 **self._in_image()), log_path))
         return steps
@@ -303,12 +305,11 @@ class SlurmServing:
     def _engine_spec(self, spec: ServeSpec, server: SlurmServer, python: str, gpus: int,
                      **role) -> EngineSpec:
         """The engine's process as this allocation runs it (`role`: its role and ranks)."""
-        p = self.stage.params
         return EngineSpec(
             model=server.model_dir, nodes=len(server.nodes), gpus_per_node=gpus,
             backend=spec.backend, enforce_eager=spec.enforce_eager,
             expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
-            port=server.port, rendezvous=server.host, revision=p.get("model_revision") or None,
+            port=server.port, rendezvous=server.host, revision=self.spec.model_revision or None,
             transport=self.transport_of(spec), python=python, num_experts=spec.model.get("num_experts"),
             nccl_site=self.nccl_site(), **role)
 
@@ -321,16 +322,16 @@ class SlurmServing:
         labelled with its rank."""
         argv, env = catalog.engine(spec.engine).command(
             self._engine_spec(spec, server, python, gpus, role="task"))
-        if self.stage["model_cache_dir"]:
-            env["HF_HOME"] = self.stage["model_cache_dir"]
+        if self.spec.model_cache_dir:
+            env["HF_HOME"] = self.spec.model_cache_dir
         server.argv, server.env = list(argv), dict(env)
         name = f"guide-{self.stage.name}-{batch.slug(server.log_path.stem)}-world"
         server.step_names.append(name)
         return [(",".join(server.nodes), batch.world_argv(
             jobid=server.jobid, nodes=server.nodes, name=name,
-            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv, env=env,
+            time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv, env=env,
             unset=unset_vars(self.transport_of(spec)), tasks_per_node=gpus,
-            mpi=self.stage["slurm_mpi"], **self._in_image()), server.log_path)]
+            mpi=self.spec.slurm_mpi, **self._in_image()), server.log_path)]
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
         """The local place's readiness loop on the leader's srun and node 0's port; for an
@@ -444,15 +445,14 @@ class SlurmServing:
         kept as the stage's model_config.json."""
         if not getattr(server, "backend", ""):
             return served.read_model_config(self.stage, model["model_dir"])
-        p = self.stage.params
-        env = {"HF_HUB_OFFLINE": "1", **({"HF_HOME": p["model_cache_dir"]}
-                                         if p.get("model_cache_dir") else {})}
+        cache = self.spec.model_cache_dir
+        env = {"HF_HUB_OFFLINE": "1", **({"HF_HOME": cache} if cache else {})}
         call = self._run_step(batch.task_argv(
             jobid=server.jobid, node=server.nodes[0],
             name=f"guide-{self.stage.name}-model-config",
-            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT),
+            time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT),
             argv=[self.python, "-c", CONFIG_SCRIPT, model["model_dir"],
-                  p.get("model_revision") or "main"], env=env, **self._in_image()),
+                  self.spec.model_revision or "main"], env=env, **self._in_image()),
             timeout=CONFIG_TIMEOUT_S, label="the served model's config.json")
         return saved_model_config(self.stage, call)
 
@@ -468,15 +468,15 @@ class SlurmServing:
         aiperf, extra = self._aiperf()
         argv = argv_for(aiperf, str(out), None)
         env = {**sweep.aiperf_env(stage.path(sweep.MMAP_FOLDER)), **extra}
-        if server.tokenizer_revision and stage["model_cache_dir"]:
-            env["HF_HOME"] = stage["model_cache_dir"]  # the engine's cache: its tokenizer there
+        if server.tokenizer_revision and self.spec.model_cache_dir:
+            env["HF_HOME"] = self.spec.model_cache_dir  # the engine's cache: its tokenizer there
         base = stage.path(f"{batch.slug(name)}-{server.jobid}")
         step_name = f"guide-{stage.name}-{batch.slug(name)}"
         if not stage.replay and not self.plans_only:
             out.mkdir(parents=True, exist_ok=True)
         call = self._run_step(batch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=step_name,
-            time_min=self.stage["time_limit_min"], chdir=str(REPO_ROOT), argv=argv,
+            time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
             env=env, output=f"{base}.out", error=f"{base}.err", **self._in_image()),
             timeout=timeout, label=f"AIPerf {name}")
         if call.timed_out:  # srun was ended from here: its step is ended by its id

@@ -7,12 +7,13 @@ neither, so the two stages do not import each other.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from lib.core.evidence import skip
 from lib.core.stage import Stage
 from lib.measure import serving, sweep
 from lib.measure.serving import Arm
+from lib.measure.sweep import SweepPlan
 from lib.places import ServeSpec, Unsupported
 
 UPSTREAM = "04_serve"
@@ -32,6 +33,23 @@ def upstream_problem(stage: Stage) -> str | None:
     return None
 
 
+def sweep_plan(p: Mapping[str, Any], repeats: int, prefill: bool = False) -> SweepPlan:
+    """What every AIPerf cell of a stage is asked, from its parameters `p` (its typed model; in
+    a replay, the values its run recorded): the concurrency levels, `repeats` (05's repeats,
+    06's ab_repeats), the requests and warmup per cell, the decode shape (input_tokens,
+    output_tokens) and with `prefill` the prefill-heavy one (05's backend A/B), the seed. Runs
+    recorded before requests_per_slot and warmup_full_batch read their legacy values (0,
+    false)."""
+    prefill_shape = ((p["prefill_input_tokens"], p["prefill_output_tokens"]) if prefill
+                     else None)
+    return SweepPlan(concurrency=tuple(p["concurrency"]), repeats=repeats,
+                     request_count=p["request_count"],
+                     requests_per_slot=p["requests_per_slot"] or 0,
+                     warmup_requests=p["warmup_requests"],
+                     warmup_full_batch=bool(p["warmup_full_batch"]),
+                     shapes=serving.shapes_of((p["input_tokens"], p["output_tokens"]),
+                                              prefill_shape),
+                     seed=p["seed"])
 
 
 def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: int | None):
@@ -79,11 +97,12 @@ def backend_arms(backends: list[str]) -> tuple[serving.Arm, ...]:
     return tuple(serving.Arm(b, f"vllm-{b.replace('_', '-')}", True, True, b) for b in backends)
 
 
-def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, comparisons: tuple,
-               repeats: int, plot_name: str) -> dict:
+def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], plan: SweepPlan,
+               comparisons: tuple, plot_name: str) -> dict:
     """Serve every arm on the place (lib.measure.serving's loop), AIPerf cells interleaved over
-    the arms for every shape; gates, summary, ratios with intervals, one plot."""
+    the arms for every shape of `plan`; gates, summary, ratios with intervals, one plot."""
     p = stage.params
+    shapes, repeats = plan.shapes, plan.repeats
     problem = upstream_problem(stage)
     if problem:
         stage.add(skip("serving A/B", problem))
@@ -100,7 +119,7 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
     def header(layout, order):
         print(f"serving A/B: {layout} on {gpus} GPUs, "
               f"{len(order)} cells ({repeats} repeats x concurrency {p['concurrency']} x "
-              f"{len(arms)} arms x {len(shapes)} shape(s)), {sweep.requests_said(p)} requests "
+              f"{len(arms)} arms x {len(shapes)} shape(s)), {plan.requests_said()} requests "
               "each", flush=True)
 
     if stage.door.planning:  # every arm's serve rendered and checked, nothing measured
@@ -108,8 +127,9 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
                          place.one_machine)
     try:
         gpus = place.gpus()
-        m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, shapes,
-                            repeats, engine="vllm", header=header,
+        m = serving.measure(stage, arm_servers(stage, place, model, "vllm", gpus), arms, plan,
+                            engine="vllm", backend=p["all2all_backend"],
+                            answer_prompts=p["answer_prompts"] or 0, header=header,
                             one_at_a_time=not place.one_machine)
     except Unsupported as why:  # a plan: the serves rendered and checked, nothing measured
         stage.add(skip("serving A/B", str(why)))
@@ -122,12 +142,12 @@ def serving_ab(stage: Stage, place, arms: tuple[Arm, ...], shapes: tuple, compar
     for shape in shapes:
         for arm in arms:
             stage.add(*serving.exit_gates(m, arm, shape))
-            stage.add(*serving.token_gates(stage, m, arm, shape))
+            stage.add(*serving.token_gates(m, arm, shape))
     stage.add(*sweep.cell_gates(frame))
     stage.add(sweep.warmup_gate(frame))
     if p["answer_prompts"]:  # does each compared arm compute what its baseline computes?
         stage.add(*serving.answer_gates(m, comparisons))
-    ratios = serving.compare(frame, p["concurrency"], p["seed"], arms, shapes, comparisons)
+    ratios = serving.compare(frame, list(plan.concurrency), plan.seed, arms, shapes, comparisons)
     ratio_file = stage.write_json("ratios.json", ratios)
     stage.add(*serving.ratio_gates(ratios, shapes, summary_files + [ratio_file]))
     stage.write_json(SERVERS_FILE, serving.servers_record(stage, m))

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from lib import places
 from lib.bench import result as bench_result
-from lib.core.errors import ParameterError
 from lib.core.evidence import Gate, read_json, skip
 from lib.core.stage import Stage
 from lib.engines import deepep
@@ -146,7 +145,8 @@ def transfer_bounds(stage: Stage, cfg: dict) -> dict | None:
     None for a run whose level says its figures measured no hardware (simulated nodes replaying
     logs recorded elsewhere): a ratio there would compare a place with another machine's
     figures, so none is shown and such a run's outputs stay as recorded. {"why_not": ...} where
-    the model refuses the place (more ranks than its link figures cover)."""
+    the place or shape is outside the bound's model (more ranks than its link figures cover:
+    lib.measure.bounds' ValueError)."""
     record = stage.run_dir / "run.json"
     level = (read_json(record) or {}).get("level") if record.is_file() else None
     if not bounds.is_measurement(level):
@@ -157,7 +157,7 @@ def transfer_bounds(stage: Stage, cfg: dict) -> dict | None:
                                     topk=cfg["num_topk"], experts=cfg["num_experts"],
                                     ranks_per_node=cfg["nproc"], nodes=stage["nodes"],
                                     instance=instance)
-    except ParameterError as why:
+    except ValueError as why:
         return {"why_not": f"no transfer bound for {stage['nodes']} node(s) x {cfg['nproc']} "
                            f"ranks on {instance}: {why}"}
 

@@ -67,7 +67,7 @@ from lib import places
 from lib.core.evidence import Gate, gate, skip
 from lib.core.stage import Stage
 from lib.engines import catalog, server as serve, transport
-from lib.measure import serving, stats
+from lib.measure import stats
 from lib.measure.serving import Arm
 from lib.places import Unsupported
 from lib.roots import pins as pins_mod
@@ -123,7 +123,7 @@ def run(stage: Stage) -> dict:
     p = stage.params
     place = places.for_stage(stage)
     try:
-        if serve.resolve_engine(stage) == "vllm":
+        if serve.resolve_engine(p["engine"]) == "vllm":
             return run_vllm(stage, place)
         gpus = place.gpus()
     except Unsupported as why:
@@ -159,7 +159,7 @@ def run(stage: Stage) -> dict:
                                  round(ratio["high"], 3)],
                        expected="ratio, low, high from scipy.stats.bootstrap",
                        reason=_verdict(ratio, a, b), evidence=evidence + [f"{stage.name}/ratio.json"]))
-    engine = serve.resolve_engine(stage)
+    engine = serve.resolve_engine(p["engine"])
     stage.add(skip("serving-level A/B (EP_NUM_COMMS in vLLM)",
                    f"engine {engine!r}: this lever's serving A/B is wired for vLLM only (06 with "
                    "engine 'vllm'); the kernel-level A/B above is the lever here"
@@ -221,12 +221,12 @@ def run_vllm(stage: Stage, place) -> dict:
             arms += (gin,)
             comparisons += ((gin.name, arms[0].name) if gin.transport == GIN_TYPE5
                             else (arms[0].name, gin.name),)
-        return ab.serving_ab(stage, place, arms, serving.traffic_shapes(p, prefill=False),
-                             comparisons, p["ab_repeats"], "throughput_ab.png")
+        return ab.serving_ab(stage, place, arms, ab.sweep_plan(p, p["ab_repeats"]),
+                             comparisons, "throughput_ab.png")
     stage.add(skip("EP_NUM_COMMS A/B (the kernel benchmark's K communicators)",
                    "engine 'vllm' measures the serving A/B; EP_NUM_COMMS is DeepEP's GIN lever, "
                    "off on one machine (EP_DISABLE_GIN=1); the torch analog is 06 with engine "
                    "'transformers'"))
     stage.add(skip("cluster arms", CLUSTER_ARMS))
-    return ab.serving_ab(stage, place, ARMS, serving.traffic_shapes(p, prefill=False),
-                         COMPARISONS, p["ab_repeats"], "throughput_ab.png")
+    return ab.serving_ab(stage, place, ARMS, ab.sweep_plan(p, p["ab_repeats"]),
+                         COMPARISONS, "throughput_ab.png")

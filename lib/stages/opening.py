@@ -3,11 +3,13 @@
 
 It reads the parameters the stage declares (lib.stages.registry) from the notebook's namespace
 (the `parameters` cell and papermill's injected cell), validates them (ParameterError before any
-effect), settles the engine ('' : the place's pick, lib.places), then opens the run through
+effect; the engine against this machine: lib.stages.rules_places), settles the engine ('' : the
+place's pick, lib.places), then opens the run through
 lib.core.stage: record (a new or named run under results_dir, run.json on creation), plan (the
 same, its door in plan mode: nothing run against a cluster or a server) or replay
 (``REPRO_REPLAY=<run dir>``: a private copy of the recorded run, the door answering from its
-transcript).
+transcript). The opened stage carries what its place is handed (`stage.place_spec`, built once
+from its parameters by lib.stages.specs).
 
 Recording, the kernel is written into the run's ledger as the owner of what its doors start,
 its reaper is started (lib.core.reaper: it stops what the kernel leaves should it die without
@@ -35,7 +37,7 @@ from lib.core.door import Door, REPO_ROOT
 from lib.core.errors import ParameterError
 from lib.core.stage import (OUTPUTS_VERSION, REPLAY_ENV, Stage, open_record, open_replay,
                             resolve_path, stop_on_signals)
-from lib.stages import registry
+from lib.stages import registry, rules_places, specs
 
 
 # A run on a test cluster (tests/record_kube_run.py) states what was real and what simulated;
@@ -54,13 +56,13 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         given, supplied = profile.fill(declared, given)
     resolved = registry.resolve(name, given)  # raises before any effect
     if not replay_of:  # a replay's recorded run already proves what its machine could do
-        places.check_engine(resolved)
+        rules_places.check_engine_here(specs.place_spec(resolved))
     if "engine" in resolved and not resolved["engine"]:
         # '' : the place's pick; the engine then decides the defaults (registry "local:vllm")
         engine = (recorded_engine(resolve_path(replay_of), name) if replay_of
-                  else places.engine_default(resolved))
+                  else places.engine_default(specs.place_spec(resolved)))
         resolved = registry.resolve(name, {**given, "engine": engine})
-    plan = places.plans(resolved) and registry.SPECS[name].uses_place
+    plan = places.plans(specs.place_spec(resolved)) and registry.SPECS[name].uses_place
     if replay_of:
         recorded = resolve_path(replay_of)
         stage = open_replay(name, resolved, recorded, registry.PARAMS, plan=plan,
@@ -72,6 +74,9 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         ledger.owner(name)  # the runner finds the kernel to stop here
         reaper.ensure_reaper(ledger)
         stop_on_signals()
+    # what its place is handed, built once from the parameters it opened with (in a replay, the
+    # recorded ones): lib.places reads these typed values, never a parameter by its name
+    stage.place_spec = specs.place_spec(stage.params)
     atexit.register(stage.close_resources)
     print(f"{name} · context {stage.context} · run {stage.run_id}")
     return stage

@@ -26,12 +26,14 @@ from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLUR
 from lib.engines import catalog
 from lib.engines import megatron
 from lib.engines import transport as transport_mod
-from lib.engines.model_facts import check_ep_divides
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib import places
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.roots import pins as pins_mod
+from lib.stages.rules_engines import check_ep_divides, check_pin_set
+from lib.stages.rules_places import check_places
+from lib.stages.specs import place_spec_of
 
 CONTEXTS = ("local", "plan", "kube", "slurm")
 # lib.stages.profile's how-to (said here too: the profile module reads this one, not the reverse)
@@ -461,7 +463,7 @@ def check_run_request(context: str, run_id_: str | None, stages: list[str] | Non
 
 def _check_together(p: dict[str, Any]) -> None:
     """Rules across parameters: said in terms of the parameter a person would change."""
-    one_machine = "context" in p and places.on_one_machine(p)
+    one_machine = "context" in p and places.on_one_machine(place_spec_of(p))
     if one_machine and p.get("nodes") not in (None, 1):
         raise ParameterError("nodes", p["nodes"], "1 on the local context (more needs a cluster: "
                                                   "kube or slurm; to make a cluster the "
@@ -503,6 +505,7 @@ def _check_together(p: dict[str, Any]) -> None:
                              "'' with engine 'transformers' (it has no all-to-all backend)")
     _check_training(p, ranks)
     _check_transport(p, one_machine)
+    check_places(p)
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:
         raise ParameterError("arm_b_comms", b, f"a value different from arm_a_comms ({a})")
@@ -510,7 +513,7 @@ def _check_together(p: dict[str, Any]) -> None:
 
 def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
     """The transport a place can carry: one machine has NVLink and no EFA; a cluster's nodes
-    talk over EFA; GIN type 5 needs a pin set at or above its floor (transport.check_pin_set)."""
+    talk over EFA; GIN type 5 needs a pin set at or above its floor (rules_engines)."""
     name = p.get("transport")
     if name is None:
         return  # a stage without transport (03 has both it and transport_ab)
@@ -537,8 +540,7 @@ def _check_floor(param: str, name: str, pin_set: str) -> None:
     """Refuse contract `name` on `pin_set` below its floor, naming the sets that reach it."""
     reaching = [s for s in pins_mod.set_names(_PINS)
                 if not transport_mod.floor_problems(name, pins_mod.set_pins(_PINS, s))]
-    transport_mod.check_pin_set(name, pin_set, pins_mod.set_pins(_PINS, pin_set), reaching,
-                                param=param)
+    check_pin_set(name, pin_set, pins_mod.set_pins(_PINS, pin_set), reaching, param=param)
 
 
 def _check_training(p: dict[str, Any], ranks: int | None) -> None:
@@ -589,7 +591,7 @@ def _check_model_divides(p: dict[str, Any]) -> None:
     GPUs per node on a cluster): `-p nodes 3` with the default model is refused here."""
     model = p.get("model")
     if (not model or not p.get("nodes") or not p.get("gpus_per_node")
-            or "context" in p and places.on_one_machine(p)):
+            or "context" in p and places.on_one_machine(place_spec_of(p))):
         return
     check_ep_divides(model, p["nodes"], p["gpus_per_node"])
 

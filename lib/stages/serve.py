@@ -34,7 +34,7 @@ READY_GATES = CLUSTER_GATES[1:]
 @refusals_fail
 def run(stage: Stage) -> dict[str, Any]:
     place = places.for_stage(stage)
-    engine = serve.resolve_engine(stage)
+    engine = serve.resolve_engine(stage["engine"])
     try:
         model, built = place.model(engine, announce=True)
     except Unsupported as why:

@@ -58,12 +58,13 @@ def run(stage: Stage) -> dict[str, Any]:
     p = stage.params
     place = places.for_stage(stage)
     engine = p["engine"] or "transformers"
-    cells = sweep.plan_cells(p["concurrency"], p["repeats"])
+    plan = ab.sweep_plan(p, p["repeats"])
+    cells = plan.cells()
     problem = ab.upstream_problem(stage)
     if problem:
         stage.add(*sweep.skip_cells(cells, engine, problem))
         return {"skipped": problem}
-    engine = serve.resolve_engine(stage)
+    engine = serve.resolve_engine(p["engine"])
     if engine == "vllm" and p["ab_backends"]:
         return run_backends(stage, place)
     try:
@@ -80,15 +81,16 @@ def run(stage: Stage) -> dict[str, Any]:
 
     def header(layout, order):
         print(f"sweep: {len(cells)} cells = concurrency {p['concurrency']} x {p['repeats']} "
-              f"repeats, {sweep.requests_said(p)} requests (+{warmup_said(p)} warmup) each, "
+              f"repeats, {plan.requests_said()} requests (+{warmup_said(p)} warmup) each, "
               f"~{p['input_tokens']} tokens in, {p['output_tokens']} out", flush=True)
 
     ep = catalog.engine(engine).expert_parallel
     arm = serving.Arm(catalog.engine(engine).title if ep else engine, engine)
-    shape = serving.traffic_shapes(p, prefill=False)
+    shape = plan.shapes
     try:
         m = serving.measure(stage, ab.arm_servers(stage, place, model, engine, None), (arm,),
-                            shape, p["repeats"], engine=engine, memory=True, header=header)
+                            plan, engine=engine, backend=p["all2all_backend"], memory=True,
+                            header=header)
     except Unsupported as why:  # a plan: the serve rendered and checked, nothing measured
         stage.add(*sweep.skip_cells(cells, engine, str(why)))
         return {"skipped": str(why)}
@@ -141,7 +143,7 @@ def run_backends(stage: Stage, place) -> dict[str, Any]:
     backends = p["ab_backends"]
     comparisons = tuple((b, backends[0]) for b in backends[1:])
     return ab.serving_ab(stage, place, ab.backend_arms(backends),
-                         serving.traffic_shapes(p, prefill=True), comparisons, p["repeats"],
+                         ab.sweep_plan(p, p["repeats"], prefill=True), comparisons,
                          "throughput_backends.png")
 
 

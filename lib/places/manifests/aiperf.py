@@ -1,22 +1,19 @@
 """The AIPerf Job: AIPerf against the leader's Service, which then prints its artifact folder
 into its log (lib.places.stream.pack_command).
 
-Pure: parameters in, plain dicts out.
+Pure: values in, plain dicts out.
 """
 from __future__ import annotations
 
 import shlex
-from pathlib import PurePosixPath
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from lib.core.errors import ParameterError
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
-                                         HTTP_PORT, _abs_path, _affinity_beside,
-                                         _check_kube_expansion, _env_list, _image, _name,
-                                         _namespace, _resources, _tolerations, labels,
+                                         HTTP_PORT, _affinity_beside, _check_kube_expansion,
+                                         _env_list, _image, _resources, _tolerations, labels,
                                          leader_url)
 from lib.places.manifests.serve import MODEL_CACHE_PATH
-from lib.places.stream import NAME_RULE as ARTIFACT_NAME_RULE
 from lib.places.stream import pack_command
 
 DEFAULT_AIPERF_NAME = "aiperf"
@@ -44,23 +41,27 @@ def aiperf_script(argv: Sequence[str], artifact_dir: str, block: str) -> str:
             'exit "${rc}"\n')
 
 
-def _leader_cache(model_cache_dir: str | None, beside: Mapping[str, str] | None
-                  ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LeaderCache:
+    """The leader node's model cache, where a hub model's tokenizer is: its hostPath (the
+    stage's `model_cache_dir`) and the leader pod's labels (serve.leader_selector), which put
+    the Job on that node. One value: a cache is never mounted but beside the leader."""
+    model_cache_dir: str
+    leader: Mapping[str, str]
+
+
+def _leader_cache(cache: LeaderCache | None) -> dict[str, Any]:
     """The env, mounts, volumes and placement that put the Job beside the leader with its node's
-    model cache (read-only, HF_HOME there); nothing without a model_cache_dir."""
-    if model_cache_dir is None:
+    model cache (read-only, HF_HOME there); nothing without one."""
+    if cache is None:
         return {"env": {}, "mounts": [], "volumes": [], "placement": {}}
-    model_cache_dir = _abs_path("model_cache_dir", model_cache_dir)
-    if not beside:
-        raise ParameterError("beside", beside, "the leader pod's labels "
-                             "(serve.leader_selector): the cache is the leader node's")
     return {"env": {"HF_HOME": MODEL_CACHE_PATH},
             "mounts": [{"name": "model-cache", "mountPath": MODEL_CACHE_PATH, "readOnly": True}],
             # the directory must be there: the engine made it (DirectoryOrCreate would hide a
             # wrong path behind an empty cache)
-            "volumes": [{"name": "model-cache", "hostPath": {"path": model_cache_dir,
+            "volumes": [{"name": "model-cache", "hostPath": {"path": cache.model_cache_dir,
                                                              "type": "Directory"}}],
-            "placement": {"affinity": _affinity_beside(beside)}}
+            "placement": {"affinity": _affinity_beside(cache.leader)}}
 
 
 def aiperf_job(*, run_id: str, image: str,
@@ -71,36 +72,25 @@ def aiperf_job(*, run_id: str, image: str,
                port: int = HTTP_PORT, timeout_s: float = 3600.0,
                ttl_s: int = AIPERF_TTL_S, env: Mapping[str, str] | None = None,
                tolerations: Sequence[Mapping[str, Any]] | None = None,
-               beside: Mapping[str, str] | None = None,
-               model_cache_dir: str | None = None) -> dict[str, Any]:
+               leader_cache: LeaderCache | None = None) -> dict[str, Any]:
     """A Job (backoffLimit 0, restartPolicy Never, ttlSecondsAfterFinished) running AIPerf
     against the leader's Service URL (`leader_url`), then printing `artifact_dir` into its log
     as the block `block` (lib.places.stream), to be read back with `kubectl logs` and
     stream.unpack: a finished Job's pod cannot be copied from.
 
-    `argv` is AIPerf's argv, or a callable given the URL that returns it; either way it must
-    name that URL and write under `artifact_dir` (inside ARTIFACT_ROOT, an emptyDir).
+    `argv` is AIPerf's argv (lib.measure.sweep's builder, against the leader's Service), or a
+    callable given the URL that returns it; it writes under `artifact_dir` (a folder inside
+    ARTIFACT_ROOT, an emptyDir).
 
-    `model_cache_dir` (with `beside`, the leader pod's labels: serve.leader_selector): the Job
-    runs on the leader's node (required pod affinity on the hostname) with that node's model
-    cache mounted read-only at MODEL_CACHE_PATH and HF_HOME there, so AIPerf loads a hub model's
+    `leader_cache` (the leader node's model cache and the leader pod's labels): the Job runs on
+    the leader's node (required pod affinity on the hostname) with that node's model cache
+    mounted read-only at MODEL_CACHE_PATH and HF_HOME there, so AIPerf loads a hub model's
     tokenizer from the files the engine downloaded (the cluster cannot reach the hub)."""
-    name, namespace = _name("name", name), _namespace(namespace)
     image, pull = _image(image)
     url = leader_url(serve_name, namespace, port)
-    argv = list(argv(url) if callable(argv) else argv)
-    argv = [str(a) for a in argv]
-    if not argv or not any(url in a for a in argv):
-        raise ParameterError("argv", argv, f"an AIPerf argv naming the leader's URL {url}")
-    artifact_dir = _abs_path("artifact_dir", artifact_dir)
-    if not PurePosixPath(artifact_dir).is_relative_to(ARTIFACT_ROOT) or artifact_dir == ARTIFACT_ROOT:
-        raise ParameterError("artifact_dir", artifact_dir, f"a folder inside {ARTIFACT_ROOT}")
-    if not isinstance(block, str) or not ARTIFACT_NAME_RULE.match(block):
-        raise ParameterError("block", block, "letters, digits, '.', '_', '-' (1-128)")
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 0:
-        raise ParameterError("ttl_s", ttl_s, "an integer number of seconds >= 0")
+    argv = [str(a) for a in (argv(url) if callable(argv) else argv)]
     own = {str(k): str(v) for k, v in dict(env or {}).items()}
-    cache = _leader_cache(model_cache_dir, beside)
+    cache = _leader_cache(leader_cache)
     own.update(cache["env"])
     script = aiperf_script(argv, artifact_dir, block)
     _check_kube_expansion(name, [script, *own.values()], own)

@@ -1,6 +1,7 @@
-"""What every object of the package shares: labels and names, the Kubernetes-only parameter
-checks (name and label lengths, namespaces, images, paths, `$(VAR)` expansion, token values),
-resources, and the pieces of a pod spec (GPU pods, headless Services, the serve's HTTP URL).
+"""What every object of the package shares: labels and names, the one check of what the
+package renders itself (`$(VAR)` expansion in its scripts), resources, and the pieces of a pod
+spec (GPU pods, headless Services, the serve's HTTP URL). No parameter is checked here: the
+stage's model accepted every value (lib.stages.registry, lib.stages.rules_places).
 
 Pure: parameters in, plain dicts out; nothing here reads a file or talks to a cluster.
 ANCHORS, DESIGN, R, V, PR: as the package's docstring (lib.places.manifests) says.
@@ -9,12 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import PurePosixPath
-from typing import Any, Iterable, Mapping, Sequence
-
-from lib.core.errors import ParameterError
-from lib.core.params import DNS1123_LABEL, IMAGE_RULE, RUN_ID_RULE
-from lib.places.instances import INSTANCE_TYPES
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 # ---- labels and annotations --------------------------------------------------------------------
 # Every object carries the run, the stage and its role, so `kubectl delete -l <run_selector>`
@@ -106,30 +102,26 @@ TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 # ---- labels --------------------------------------------------------------------------------------
+# What an object is to its group: the role label's values (a Literal: nothing else is rendered)
+Role = Literal["rendezvous", "http", "serve", "leader", "worker", "probe", "rank", "modules",
+               "aiperf", "any"]
+
+
 def run_label_value(run_id: str) -> str:
     """The run id as a label value: itself when valid, else the derivation RUN_LABEL_HEAD /
-    RUN_LABEL_HASH describe (deterministic: the same run id always gives the same value)."""
-    if not isinstance(run_id, str) or not RUN_ID_RULE.match(run_id) or ".." in run_id:
-        raise ParameterError("run_id", run_id, "letters, digits, '.', '_', '-' (1-64 chars, "
-                             "starting with a letter or digit, no '..')")
+    RUN_LABEL_HASH describe (deterministic: the same run id always gives the same value). The
+    run id is the run directory's name: the `run_id` parameter's rule, or the run id the guide
+    made (lib.core.stage.new_run_id)."""
     if len(run_id) <= LABEL_VALUE_MAX and LABEL_VALUE_RULE.match(run_id):
         return run_id
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:RUN_LABEL_HASH]
     return f"{run_id[:RUN_LABEL_HEAD].rstrip('._-')}-{digest}"
 
 
-def _label_value(name: str, value: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > LABEL_VALUE_MAX \
-            or not LABEL_VALUE_RULE.match(value):
-        raise ParameterError(name, value, "a Kubernetes label value (1-63 letters, digits, '-', "
-                             "'_', '.', beginning and ending with a letter or digit)")
-    return value
-
-
-def labels(run_id: str, stage: str, role: str) -> dict[str, str]:
-    """The labels of every object: the run (see run_label_value), the stage and the role."""
-    return {RUN_LABEL: run_label_value(run_id), STAGE_LABEL: _label_value("stage", stage),
-            ROLE_LABEL: _label_value("role", role)}
+def labels(run_id: str, stage: str, role: Role) -> dict[str, str]:
+    """The labels of every object: the run (see run_label_value), the stage (the registry's
+    name, NN_name) and the role."""
+    return {RUN_LABEL: run_label_value(run_id), STAGE_LABEL: stage, ROLE_LABEL: role}
 
 
 def run_selector(run_id: str) -> str:
@@ -137,73 +129,20 @@ def run_selector(run_id: str) -> str:
     return f"{RUN_LABEL}={run_label_value(run_id)}"
 
 
-# ---- parameter checks ----------------------------------------------------------------------------
-def _name(param: str, value: str) -> str:
-    if not isinstance(value, str) or len(value) > NAME_MAX or not NAME_RULE.match(value):
-        raise ParameterError(param, value, f"a name of 1-{NAME_MAX} lower-case letters, digits "
-                             "and '-', beginning with a letter and ending with a letter or digit")
-    return value
-
-
-def _namespace(value: str) -> str:
-    if not isinstance(value, str) or not DNS1123_LABEL.match(value):
-        raise ParameterError("namespace", value, "a Kubernetes namespace (DNS-1123 label: "
-                             "lower-case letters, digits, '-', at most 63)")
-    return value
-
-
+# ---- values as rendered ----------------------------------------------------------------------------
+# Nothing here checks a parameter: the stage's model accepted them (lib.stages.registry: the
+# namespace, the image by digest or an immutable tag, the instance type, the Secret's name, an
+# absolute model_cache_dir), and the names, roles, ports and folders are the guide's own (object
+# names from lib.places.kube_pods.object_name).
 def _image(image: str) -> tuple[str, str]:
     """(image, imagePullPolicy): by digest -> IfNotPresent; by an explicit tag -> Always (a tag
     can be moved; ANCHORS 4: dated tags, never `:latest` with IfNotPresent)."""
-    last = str(image).rsplit("/", 1)[-1]
-    if not isinstance(image, str) or not image or not IMAGE_RULE.match(image) \
-            or ("@sha256:" not in image and ":" not in last):
-        raise ParameterError("image", image, "an image by digest (repo@sha256:<64 hex>) or by an "
-                             "explicit tag other than 'latest' (repo:tag)")
     return image, ("IfNotPresent" if "@sha256:" in image else "Always")
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParameterError(name, value, "an integer >= 1")
-    return value
-
-
-def _count(name: str, value, default: int) -> int:
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ParameterError(name, value, "an integer >= 0")
-    return value
-
-
-def _instance(instance_type: str):
-    if instance_type not in INSTANCE_TYPES:
-        raise ParameterError("instance_type", instance_type, ", ".join(INSTANCE_TYPES))
-    return INSTANCE_TYPES[instance_type]
-
-
-def _secret_name(value: str | None) -> str | None:
-    if value in (None, ""):
-        return None
-    if not isinstance(value, str) or not DNS1123_LABEL.match(value):
-        raise ParameterError("hf_token_secret", value, "'' or a Kubernetes Secret name "
-                             "(DNS-1123 label)")
-    return value
-
-
-def _abs_path(name: str, value) -> str:
-    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value \
-            or ".." in PurePosixPath(value).parts:
-        raise ParameterError(name, value, "an absolute path without '..'")
-    return value
-
-
-def _no_token_values(name: str, env: Mapping[str, str]) -> None:
-    clash = sorted(set(env) & set(TOKEN_VARS))
-    if clash:
-        raise ParameterError(name, sorted(env), f"variables other than {', '.join(clash)}: a "
-                             "token is never a value here, only a Secret reference "
-                             "(hf_token_secret)")
+def _count(value: int | None, default: int) -> int:
+    """A count per node as given, else the instance type's (`default`)."""
+    return default if value is None else value
 
 
 # ---- pieces of a pod -----------------------------------------------------------------------------
@@ -224,7 +163,9 @@ def _resources(*, gpus: int = 0, efa: int = 0, hugepages: str | None = None, cpu
 
 
 def _env_list(env: Mapping[str, str], secret: str | None = None) -> list[dict[str, Any]]:
-    _no_token_values("env", env)
+    """A container's env: the values given (the guide's own: an engine's, a transport's,
+    AIPerf's; a token is never one of them), then HF_TOKEN from the Secret `secret` by
+    reference."""
     out: list[dict[str, Any]] = [{"name": k, "value": str(env[k])} for k in sorted(env)]
     if secret:
         # The Secret must exist when named (optional false): a gated model without its token
@@ -326,12 +267,12 @@ def _headless_service(*, name: str, namespace: str, meta_labels: Mapping[str, st
 
 
 def http_service_name(name: str = DEFAULT_SERVE_NAME) -> str:
-    return f"{_name('name', name)}{HTTP_SERVICE_SUFFIX}"
+    return f"{name}{HTTP_SERVICE_SUFFIX}"
 
 
 def leader_url(name: str = DEFAULT_SERVE_NAME, namespace: str = DEFAULT_NAMESPACE,
                port: int = HTTP_PORT) -> str:
     """The serve's HTTP base URL inside the cluster: the leader-only Service."""
-    return f"http://{http_service_name(name)}.{_namespace(namespace)}.svc:{port}"
+    return f"http://{http_service_name(name)}.{namespace}.svc:{port}"
 
 

@@ -1,7 +1,7 @@
 """The serve as a LeaderWorkerSet: the same render (lib.places.manifests.serve.serve_render) as
 the StatefulSet, as one LWS group and the HTTP Service over its leader.
 
-Pure: parameters in, plain dicts out (the render reads pins.yaml for the default model).
+Pure: values in, plain dicts out (the render reads pins.yaml for the default model).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The node probe: one short pod per node that prints what 00 gates on (gdrdrv, EFA devices,
 hugepages) in the line format PROBE_FORMAT describes; `parse_probe_log` reads it back.
 
-Pure: parameters in, plain dicts out.
+Pure: values in, plain dicts out.
 """
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import hashlib
 import re
 from typing import Any, Mapping, Sequence
 
-from lib.core.errors import ParameterError
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, LABEL_VALUE_MAX, RUN_LABEL_HASH,
-                                         _check_kube_expansion, _image, _namespace, _resources,
+                                         _check_kube_expansion, _image, _resources,
                                          _tolerations, labels)
 
 PROBE_NAME_PREFIX = "guide-probe-"
@@ -81,13 +80,12 @@ echo "{p} end"
 
 
 def probe_pod_name(node: str) -> str:
-    """`guide-probe-<node>`: the node name lower-cased, every other character '-', and, when
-    that changed or cut it, a hash of the node name (so two nodes never share a pod name)."""
-    if not isinstance(node, str) or not node.strip():
-        raise ParameterError("node", node, "a node name (as `kubectl get nodes` lists it)")
+    """`guide-probe-<node>`: the node name (as `kubectl get nodes` lists it) lower-cased, every
+    other character '-', and, when that changed, cut or emptied it, a hash of the node name (so
+    two nodes never share a pod name, and every name is a valid one)."""
     slug = re.sub(r"[^a-z0-9-]+", "-", node.lower()).strip("-")
     room = LABEL_VALUE_MAX - len(PROBE_NAME_PREFIX)
-    if slug == node and len(slug) <= room:
+    if slug and slug == node and len(slug) <= room:
         return PROBE_NAME_PREFIX + slug
     digest = hashlib.sha256(node.encode()).hexdigest()[:RUN_LABEL_HASH]
     head = slug[:room - RUN_LABEL_HASH - 1].strip("-")
@@ -130,7 +128,7 @@ def node_probe_pod(*, run_id: str, node: str, image: str, namespace: str = DEFAU
     _check_kube_expansion("node probe", container["command"], ["NODE_NAME"])
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": probe_pod_name(node), "namespace": _namespace(namespace),
+        "metadata": {"name": probe_pod_name(node), "namespace": namespace,
                      "labels": meta_labels},
         "spec": {
             "nodeName": node,

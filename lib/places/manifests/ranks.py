@@ -4,25 +4,22 @@ by DNS. `kernel_test_objects` fills it from lib.engines.deepep. The guide's file
 import (`modules`: the image holds no `lib/`) travel as the job's ConfigMap (`modules_configmap`),
 mounted read-only at GUIDE_MOUNT in every pod and first on its PYTHONPATH.
 
-Pure: parameters in, plain dicts out.
+Pure: values in, plain dicts out.
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from lib.core.errors import ParameterError
 from lib.engines.deepep import test_ep_argv, test_ep_env
 from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
 from lib.places.base import NodeRank
-from lib.places.instances import DEFAULT_INSTANCE_TYPE
+from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, GROUP_LABEL, HUGEPAGES_2MI,
                                          RUN_LABEL, SHM_PATH, _check_kube_expansion, _count,
                                          _cpu_memory, _env_list, _gpu_pod_spec,
-                                         _headless_service, _image, _instance, _label_value,
-                                         _name, _namespace, _no_token_values, _pod_annotations,
-                                         _positive, _resources, _security, labels,
-                                         rendezvous_host, run_label_value)
+                                         _headless_service, _image, _pod_annotations,
+                                         _resources, _security, labels, rendezvous_host,
+                                         run_label_value)
 
 NODE_RANK_LABEL = "guide.repro/node-rank"  # rank_objects: the pod's node rank
 DEFAULT_RANK_NAME = "test-ep"
@@ -70,28 +67,22 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
                  modules: Mapping[str, str] | None = None) -> list[dict]:
     """A headless Service `name` and one Pod per node (`<name>-<rank>`, hostname and subdomain
     set, so node 0 is `rendezvous_host(name, namespace)`), each running `argv(node)` with
-    `env(node)` over the transport's contract (lib.engines.transport.transport_env; a value
-    that contradicts the contract is refused; its unset variables are removed at the process's
-    start with `env -u`). One pod per node (required anti-affinity), on `instance_type` nodes;
+    `env(node)` over the transport's contract (lib.engines.transport.transport_env: its values
+    hold over the job's own; its unset variables are never set, and are removed at the
+    process's start with `env -u`, an image's ENV included). One pod per node (required anti-affinity), on `instance_type` nodes;
     requests == limits for GPUs, EFA devices, hugepages, memory and cpu; privileged only when
     `needs_gdrcopy` (DeepEP over EFA), with PRIVILEGED_WHY beside it. `modules` ({path relative
     to the repository root: text}, lib.places.kube_files.guide_files): the ConfigMap
     `<name>-modules` holding them, mounted read-only at GUIDE_MOUNT in every pod, GUIDE_MOUNT
     first on PYTHONPATH (PYTHONPATH_PREFIX)."""
-    nodes = _positive("nodes", nodes)
-    name, namespace = _name("name", name), _namespace(namespace)
     image, pull = _image(image)
-    kind = _instance(instance_type)
-    gpus = _count("gpus_per_node", gpus_per_node, kind.gpus)
-    efa = _count("efa_per_node", efa_per_node, kind.efa)
+    kind = INSTANCE_TYPES[instance_type]
+    gpus = _count(gpus_per_node, kind.gpus)
+    efa = _count(efa_per_node, kind.efa)
     cpu, memory = _cpu_memory(instance_type, cpu, memory)
-    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) or not 1 <= rdzv_port <= 65535:
-        raise ParameterError("rdzv_port", rdzv_port, "an integer port in 1..65535")
-    if not isinstance(needs_gdrcopy, bool):
-        raise ParameterError("needs_gdrcopy", needs_gdrcopy, "True or False")
     contract = transport_env(transport, plugin_path=plugin_path)
     master = rendezvous_host(name, namespace)
-    group = {RUN_LABEL: run_label_value(run_id), GROUP_LABEL: _label_value("name", name)}
+    group = {RUN_LABEL: run_label_value(run_id), GROUP_LABEL: name}
     objects: list[dict] = [_headless_service(
         name=name, namespace=namespace, meta_labels={**labels(run_id, stage, "rendezvous"), **group},
         selector=group, ports=[("rendezvous", rdzv_port)])]
@@ -139,20 +130,12 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
 
 
 def _node_env(own: Mapping[str, str], contract: Mapping[str, str], transport: str) -> dict:
-    """A node's env over the transport's contract; a value contradicting the contract, a
-    variable the transport needs unset, or a token value is refused."""
-    own = {str(k): str(v) for k, v in dict(own).items()}
-    _no_token_values("env", own)
-    clash = sorted(k for k in own if k in contract and own[k] != contract[k])
-    if clash:
-        raise ParameterError("env", {k: own[k] for k in clash},
-                             f"the {transport} contract's values (lib.engines.transport): "
-                             + ", ".join(f"{k}={contract[k]}" for k in clash))
-    gone = sorted(set(own) & set(unset_vars(transport)))
-    if gone:
-        raise ParameterError("env", gone, f"none of {', '.join(gone)}: the {transport} "
-                             "transport requires them unset")
-    return {**contract, **own}
+    """A node's env over the transport's contract: the job's own variables (the guide's: the
+    engines' and the stages', built for this contract), the contract's values over them, and
+    none of the variables the transport needs unset (`env -u` removes them at the start too)."""
+    unset = set(unset_vars(transport))
+    own = {str(k): str(v) for k, v in dict(own).items() if str(k) not in unset}
+    return {**own, **contract}
 
 
 def module_key(path: str) -> str:
@@ -163,20 +146,11 @@ def module_key(path: str) -> str:
 
 def modules_configmap(*, name: str, namespace: str, modules: Mapping[str, str],
                       meta_labels: Mapping[str, str]) -> dict:
-    """The ConfigMap `<name>-modules`: one key per file (module_key), refused when two paths
-    share a key or the files pass MODULES_MAX_BYTES."""
-    data: dict[str, str] = {}
-    for path, text in modules.items():
-        key = module_key(path)
-        if key in data or not _CONFIGMAP_KEY.match(key):
-            raise ParameterError("modules", sorted(modules), "paths whose ConfigMap keys ('/' as "
-                                 f"'.') are distinct and valid; {path} gives {key!r}")
-        data[key] = str(text)
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
-    if size > MODULES_MAX_BYTES:
-        raise ParameterError("modules", f"{len(data)} files, {size} bytes",
-                             f"at most {MODULES_MAX_BYTES} bytes in all (kubectl apply's "
-                             "last-applied annotation caps an object at 256 KiB)")
+    """The ConfigMap `<name>-modules`: one key per file (module_key). The files are the guide's
+    own (a RankJob's `modules`: lib.engines.deepep.TEST_EP_MODULES, lib.stages.train's), whose
+    keys are distinct and whose size is well under MODULES_MAX_BYTES (tests/test_manifests.py
+    checks both)."""
+    data = {module_key(path): str(text) for path, text in modules.items()}
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name + MODULES_SUFFIX, "namespace": namespace,
                          "labels": dict(meta_labels)},
@@ -190,14 +164,10 @@ def modules_volume(name: str, modules: Mapping[str, str]) -> dict:
         "items": [{"key": module_key(path), "path": str(path)} for path in modules]}}
 
 
-# ConfigMap keys: letters, digits, '-', '_', '.' (at most 253)
-_CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
-
 
 def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
                         num_tokens: int, hidden: int, num_topk: int, num_experts: int,
-                        python: str = "python3", extra: Iterable[str] = (),
-                        deepep_commit: str | None = None, name: str = DEFAULT_RANK_NAME,
+                        python: str = "python3", name: str = DEFAULT_RANK_NAME,
                         instance_type: str = DEFAULT_INSTANCE_TYPE,
                         gpus_per_node: int | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
                         **pod_params: Any) -> list[dict]:
@@ -206,14 +176,12 @@ def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
     = GPUs per node, --nnodes, the node rank, the rendezvous on node 0's DNS name and port) and
     env. `pod_params` may carry `modules` (the job's guide files: lib.engines.deepep's
     TEST_EP_MODULES as lib.places.kube_files.guide_files reads them)."""
-    gpus = _count("gpus_per_node", gpus_per_node, _instance(instance_type).gpus)
-    extra = list(extra)
+    gpus = _count(gpus_per_node, INSTANCE_TYPES[instance_type].gpus)
 
     def argv(node: NodeRank) -> list[str]:
         return test_ep_argv(python=python, tests_dir=tests_dir, num_processes=gpus,
                             num_tokens=num_tokens, hidden=hidden, num_topk=num_topk,
-                            num_experts=num_experts, extra=extra, deepep_commit=deepep_commit,
-                            launcher="torchrun", nodes=node.nodes, node_rank=node.rank,
+                            num_experts=num_experts, launcher="torchrun", nodes=node.nodes, node_rank=node.rank,
                             master_addr=node.master_addr, rdzv_port=node.port)
 
     def env(node: NodeRank) -> dict[str, str]:

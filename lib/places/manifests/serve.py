@@ -1,7 +1,8 @@
 """The serve: one vLLM serve over `nodes` nodes, as Kubernetes objects.
 
-`serve_render(**params)` checks a serve's parameters once and returns a ServeRender (frozen):
-the checked values and what runs on each node. Every renderer reads that one render:
+`serve_render(**params)` takes a serve's values once and returns a ServeRender (frozen): the
+values and what runs on each node. Every renderer reads that one render (no value is checked
+here: the stage's model accepted them, lib.stages.registry):
 
 - `vllm_objects`: the serve as a StatefulSet (pod 0 the leader, the others `--headless`
   workers), a headless Service for the rendezvous and a second Service, for HTTP, that selects
@@ -22,23 +23,18 @@ import re
 import shlex
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from lib.core.errors import ParameterError
-from lib.core.params import MODEL_ID_RULE
-from lib.engines.model_facts import check_ep_divides, routed_experts
+from lib.engines.model_facts import routed_experts
 from lib.engines.transport import DEFAULT_PLUGIN_PATH, unset_vars
 from lib.engines import catalog
 from lib.engines.base import EngineSpec, process_regex
-from lib.places.instances import DEFAULT_INSTANCE_TYPE
+from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
 from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
-                                         HTTP_PORT, HTTP_SERVICE_SUFFIX, HUGEPAGES_2MI,
-                                         LABEL_VALUE_MAX, ROLE_LABEL, RUN_LABEL, SHM_PATH,
-                                         _abs_path,
-                                         _check_kube_expansion, _count, _cpu_memory, _env_list,
-                                         _gpu_pod_spec, _headless_service, _image, _instance,
-                                         _name, _namespace, _no_token_values, _pod_annotations,
-                                         _positive, _resources, _secret_name, _security,
+                                         HTTP_PORT, HUGEPAGES_2MI, ROLE_LABEL, RUN_LABEL,
+                                         SHM_PATH, _check_kube_expansion, _count, _cpu_memory,
+                                         _env_list, _gpu_pod_spec, _headless_service, _image,
+                                         _pod_annotations, _resources, _security,
                                          http_service_name, labels, rendezvous_host,
                                          run_label_value)
 from lib.roots import pins as pins_mod
@@ -48,6 +44,8 @@ SERVE_STAGE = "04_serve"  # the stage that renders it (lib.stages.registry's nam
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 # The LeaderWorkerSet entrypoint's shell variable holding LWS_LEADER_ADDRESS (checked once).
 LWS_LEADER_VAR = "leader"
+# Where the entrypoint finds its pod's ordinal: a StatefulSet pod's hostname, or LWS's variables
+OrdinalFrom = Literal["hostname", "lws"]
 # vLLM's --data-parallel-rpc-port: R's README says 29570 (its script 29500: ANCHORS 4, drift);
 # the README's value, and one port for every rendering.
 DP_RPC_PORT = 29570
@@ -70,7 +68,7 @@ class EngineCommands:
 
 @dataclass(frozen=True)
 class ServeRender:
-    """One serve's parameters, checked once (`serve_render`), with what runs on each node.
+    """One serve's values, taken once (`serve_render`), with what runs on each node.
     The StatefulSet, the LeaderWorkerSet, the entrypoint and serve_argv all read this, never the
     parameters again. Read-only: its mappings are MappingProxyType, its sequences tuples."""
     run_id: str
@@ -104,9 +102,7 @@ class ServeRender:
     privileged: bool
 
     def argv(self, ordinal: int) -> list[str]:
-        """The argv of the pod with this ordinal (0 = the leader)."""
-        if ordinal not in self.argvs:
-            raise ParameterError("ordinal", ordinal, f"0..{self.nodes - 1}")
+        """The argv of the pod with this ordinal (0 = the leader; 0..nodes - 1)."""
         return list(self.argvs[ordinal])
 
 
@@ -119,15 +115,12 @@ def pinned_model_default() -> tuple[str, str]:
 
 def _model_and_revision(model: str | None, model_revision: str | None) -> tuple[str, str | None]:
     """pins.yaml `model`: the one source of the model and its revision. model_revision '' takes
-    the pin's revision for the pinned model (none for another model); None asks for none."""
+    the pin's revision for the pinned model (none for another model); None asks for none. The
+    model id and the 40-hex revision are the stage's, as its model accepted them."""
     pinned = pinned_model_default() if model is None or model_revision == "" else (None, None)
     model = pinned[0] if model is None else model
-    if not isinstance(model, str) or not MODEL_ID_RULE.match(model):
-        raise ParameterError("model", model, "an org/name model id")
     if model_revision == "":
         model_revision = pinned[1] if model == pinned[0] else None
-    if model_revision is not None and not re.fullmatch(r"[0-9a-f]{40}", str(model_revision)):
-        raise ParameterError("model_revision", model_revision, "'', None or a 40-hex commit")
     return model, model_revision or None
 
 
@@ -182,20 +175,16 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
                  plugin_path: str = DEFAULT_PLUGIN_PATH, rpc_port: int = DP_RPC_PORT,
                  port: int = HTTP_PORT, engine: str = "vllm",
                  transport: str = "efa") -> ServeRender:
-    """Every parameter of a serve rendering (as vllm_objects lists them), checked once, with
-    each node's argv and env (engine_commands)."""
-    nodes = _positive("nodes", nodes)
-    name, namespace = _name("name", name), _namespace(namespace)
-    if len(name) + len(HTTP_SERVICE_SUFFIX) > LABEL_VALUE_MAX:
-        raise ParameterError("name", name, "a shorter name")
+    """Every value of a serve rendering (as vllm_objects lists them), with each node's argv and
+    env (engine_commands): the stage's, as its model accepted them (lib.stages.registry: the
+    EP divisibility of the model over nodes x GPUs, GPUs per node >= 1 on the kube place,
+    lib.stages.rules_places), and the guide's own (`name`: lib.places.kube_pods.object_name)."""
     image, pull = _image(image)
-    kind = _instance(instance_type)
-    gpus = _positive("gpus_per_node", kind.gpus if gpus_per_node is None else gpus_per_node)
-    efa = _count("efa_per_node", efa_per_node, kind.efa)
+    kind = INSTANCE_TYPES[instance_type]
+    gpus = _count(gpus_per_node, kind.gpus)
+    efa = _count(efa_per_node, kind.efa)
     model, model_revision = _model_and_revision(model, model_revision)
-    model_cache_dir = _abs_path("model_cache_dir", model_cache_dir)
-    secret = _secret_name(hf_token_secret)
-    check_ep_divides(model, nodes, gpus)
+    secret = hf_token_secret or None
     commands = engine_commands(
         engine=engine, model=model, model_revision=model_revision, backend=backend, nodes=nodes, gpus=gpus,
         address=rendezvous_host(name, namespace), rpc_port=rpc_port, port=port,
@@ -204,7 +193,6 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         plugin_path=plugin_path, num_experts=routed_experts(model), python=python,
         transport=transport)
     env = dict(commands.env)
-    _no_token_values("env", env)
     env["HF_HOME"] = MODEL_CACHE_PATH
     cpu, memory = _cpu_memory(instance_type, cpu, memory)
     return ServeRender(
@@ -256,7 +244,7 @@ def _argv_lines(argv: Sequence[str], indent: str,
                                   for g in groups)
 
 
-def _find_ordinal(name: str, ordinal_from: str) -> str:
+def _find_ordinal(name: str, ordinal_from: OrdinalFrom) -> str:
     """The script's lines that set `ordinal` (see entrypoint_script), or exit 64."""
     if ordinal_from == "hostname":
         return (f'host="${{HOSTNAME:-}}"\n'
@@ -266,35 +254,31 @@ def _find_ordinal(name: str, ordinal_from: str) -> str:
                 f'ordinal comes from a StatefulSet pod\'s hostname" >&2\n'
                 f'  exit 64\n'
                 f'fi\n')
-    if ordinal_from == "lws":
-        # LWS_LEADER_ADDRESS is `<leader pod>.<lws>.<namespace>` (LWS's pod webhook): the
-        # leader's host, and a worker k's is the leader pod's name with `-k` on the same
-        # subdomain (`${leader%%.*}-k.${leader#*.}`)
-        return ('ordinal="${LWS_WORKER_INDEX:-}"\n'
-                'if [[ ! "${ordinal}" =~ ^[0-9]+$ ]]; then\n'
-                '  echo "guide-entrypoint: LWS_WORKER_INDEX=\'${ordinal}\' is not a number: the '
-                'LeaderWorkerSet controller sets it" >&2\n'
-                '  exit 64\n'
-                'fi\n'
-                f'{LWS_LEADER_VAR}="${{LWS_LEADER_ADDRESS:-}}"\n'
-                f'if [[ ! "${{{LWS_LEADER_VAR}}}" =~ ^[a-z0-9-]+\\.[a-z0-9.-]+$ ]]; then\n'
-                f'  echo "guide-entrypoint: LWS_LEADER_ADDRESS=\'${{{LWS_LEADER_VAR}}}\' is not '
-                '<leader>.<service>.<namespace>: the LeaderWorkerSet controller sets it" >&2\n'
-                '  exit 64\n'
-                'fi\n')
-    raise ParameterError("ordinal_from", ordinal_from, "'hostname' or 'lws'")
+    # "lws": LWS_LEADER_ADDRESS is `<leader pod>.<lws>.<namespace>` (LWS's pod webhook): the
+    # leader's host, and a worker k's is the leader pod's name with `-k` on the same subdomain
+    # (`${leader%%.*}-k.${leader#*.}`)
+    return ('ordinal="${LWS_WORKER_INDEX:-}"\n'
+            'if [[ ! "${ordinal}" =~ ^[0-9]+$ ]]; then\n'
+            '  echo "guide-entrypoint: LWS_WORKER_INDEX=\'${ordinal}\' is not a number: the '
+            'LeaderWorkerSet controller sets it" >&2\n'
+            '  exit 64\n'
+            'fi\n'
+            f'{LWS_LEADER_VAR}="${{LWS_LEADER_ADDRESS:-}}"\n'
+            f'if [[ ! "${{{LWS_LEADER_VAR}}}" =~ ^[a-z0-9-]+\\.[a-z0-9.-]+$ ]]; then\n'
+            f'  echo "guide-entrypoint: LWS_LEADER_ADDRESS=\'${{{LWS_LEADER_VAR}}}\' is not '
+            '<leader>.<service>.<namespace>: the LeaderWorkerSet controller sets it" >&2\n'
+            '  exit 64\n'
+            'fi\n')
 
 
-def render_entrypoint(render: ServeRender, *, ordinal_from: str = "hostname",
+def render_entrypoint(render: ServeRender, *, ordinal_from: OrdinalFrom = "hostname",
                       ordinals: Iterable[int] | None = None,
                       addresses: Mapping[str, str] | None = None) -> str:
-    """entrypoint_script of a render already checked. `addresses`: each rendered node address
-    -> the shell expansion the script runs in its place (a LeaderWorkerSet's, from
-    LWS_LEADER_ADDRESS: lib.places.manifests.lws)."""
+    """entrypoint_script of a render. `ordinals`: the branches it holds (of 0..nodes - 1;
+    default every node's). `addresses`: each rendered node address -> the shell expansion the
+    script runs in its place (a LeaderWorkerSet's, from LWS_LEADER_ADDRESS:
+    lib.places.manifests.lws)."""
     chosen = sorted(render.argvs if ordinals is None else set(ordinals))
-    for o in chosen:
-        if o not in render.argvs:
-            raise ParameterError("ordinals", chosen, f"ordinals in 0..{render.nodes - 1}")
     find = _find_ordinal(render.name, ordinal_from)
     unset = f"unset {' '.join(render.unset)}\n" if render.unset else ""
     branches = ""
@@ -320,7 +304,7 @@ def render_entrypoint(render: ServeRender, *, ordinal_from: str = "hostname",
     return script
 
 
-def entrypoint_script(*, ordinal_from: str = "hostname", ordinals: Iterable[int] | None = None,
+def entrypoint_script(*, ordinal_from: OrdinalFrom = "hostname", ordinals: Iterable[int] | None = None,
                       **params: Any) -> str:
     """The serve container's bash script (run as `bash -c`): find this pod's ordinal, then exec
     the argv engine_commands rendered for it: 0 the leader, k > 0 a `--headless` worker with

@@ -1,4 +1,5 @@
 """Parameters, evidence and redaction: the pure parts of the foundation."""
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 from lib.core import evidence
 from lib.stages import registry as params
 from lib.core import redact
+from lib.core.errors import ReplayMismatch
 from lib.core.evidence import EvidenceError, Gate
 
 
@@ -193,81 +195,55 @@ def test_engine_decides_the_local_defaults():
     assert params.resolve("05_sweep", {"engine": "vllm", "concurrency": "2"})["concurrency"] == [2]
 
 
-def test_replay_takes_the_recorded_engine_and_accepts_parameters_added_since(tmp_path):
+def _recorded_stage(tmp_path, name: str, recorded_params: dict, outputs_version=2) -> Path:
     import json as _json
 
-    from lib.core.stage import open_replay
-    from lib.stages.opening import recorded_engine
-
     run = tmp_path / "r"
-    (run / "06_multicomm").mkdir(parents=True)
-    (run / "run.json").write_text("{}")
-    old = {k: v for k, v in params.resolve("06_multicomm", {}).items()
-           if k not in params.SERVE + params.TRAFFIC}  # recorded before engine existed
-    (run / "06_multicomm" / "params.json").write_text(_json.dumps(old))
+    (run / name).mkdir(parents=True)
+    run_json = {"outputs_version": outputs_version} if outputs_version else {}
+    (run / "run.json").write_text(_json.dumps(run_json))
+    (run / name / "params.json").write_text(_json.dumps(recorded_params))
     evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
-    assert recorded_engine(run, "06_multicomm") == "transformers"
+    return run
+
+
+def test_a_replay_takes_exactly_the_recorded_parameters(tmp_path):
+    """DESIGN.md, Reference runs age: a run replays while today's stage takes the parameters it
+    recorded, at its values; nothing recorded is renamed, defaulted or forgiven."""
+    from lib.core.stage import open_replay
+
     now = params.resolve("06_multicomm", {"engine": "transformers"})
-    stage = open_replay("06_multicomm", now, run, params.PARAMS)
+    run = _recorded_stage(tmp_path, "06_multicomm", json.loads(evidence.dumps(dict(now))))
+    stage = open_replay("06_multicomm", now, run)
     assert stage["engine"] == "transformers" and stage["concurrency"] == [1, 2, 4]
-    # a value that is not the default is a mismatch, as before
-    with pytest.raises(Exception, match="concurrency"):
-        open_replay("06_multicomm", {**now, "concurrency": [9]}, run, params.PARAMS)
+    with pytest.raises(ReplayMismatch, match="'concurrency' = \\[9\\] but the recorded run used"):
+        open_replay("06_multicomm", {**now, "concurrency": [9]}, run)
 
 
-def test_a_parameter_added_to_a_stage_since_its_run_replays_as_the_stage_then_ran(tmp_path):
-    """ab_repeats came to 03 (its transport A/B) after runs whose request gave it for 06:
-    papermill injected it into their 03 notebook too, where 03 took no such parameter. Their
-    replay takes what 03 then did (the default), not the injected value; a replay asked for
-    another value than the run's own notebook was given is still a mismatch."""
-    import json as _json
-
+def test_a_run_recorded_before_a_parameter_existed_no_longer_replays(tmp_path):
+    """A stage that takes a parameter its recorded run lacks: the replay is refused, naming the
+    parameter and what to do (re-record, or show the run through its evidence)."""
     from lib.core.stage import open_replay
-    from lib.stages.opening import injected_parameters
 
-    recorded = Path(__file__).resolve().parents[1] / "results" / "kube-ctlplane-20261206"
-    assert injected_parameters(recorded, "03_kernel_test")["ab_repeats"] == 2  # the real cell
-    assert injected_parameters(tmp_path, "03_kernel_test") == {}  # no notebook: nothing
-    run = tmp_path / "r"
-    (run / "03_kernel_test").mkdir(parents=True)
-    (run / "run.json").write_text("{}")
     now = params.resolve("03_kernel_test", {"context": "kube", "ab_repeats": "2"})
-    old = {k: v for k, v in now.items() if k not in ("ab_repeats", "transport_ab")}
-    (run / "03_kernel_test" / "params.json").write_text(_json.dumps(old))
-    evidence.seal(run)
-    stage = open_replay("03_kernel_test", now, run, params.PARAMS,
-                        injected={"context": "kube", "ab_repeats": 2})
-    assert stage["ab_repeats"] == 5 and stage["transport_ab"] is False  # kube's defaults
-    with pytest.raises(Exception, match="ab_repeats"):  # not what the run's notebook was given
-        open_replay("03_kernel_test", now, run, params.PARAMS, injected={"ab_repeats": 3})
-    with pytest.raises(Exception, match="ab_repeats"):  # nothing injected: as before
-        open_replay("03_kernel_test", now, run, params.PARAMS)
+    old = {k: v for k, v in json.loads(evidence.dumps(dict(now))).items()
+           if k != "transport_ab"}
+    run = _recorded_stage(tmp_path, "03_kernel_test", old)
+    with pytest.raises(ReplayMismatch, match="takes parameter 'transport_ab', which the "
+                                             "recorded run r did not record.*re-record"):
+        open_replay("03_kernel_test", now, run)
 
 
-def test_a_parameter_with_a_legacy_value_replays_older_runs_as_they_ran(tmp_path):
-    """warmup_full_batch (default true) did not exist when earlier runs were recorded: they
-    warmed up with warmup_requests as given, and their replay must do the same."""
-    import json as _json
-
+@pytest.mark.parametrize("version", [None, 1])
+def test_a_run_of_an_older_outputs_version_is_shown_not_replayed(tmp_path, version):
     from lib.core.stage import open_replay
 
-    run = tmp_path / "r"
-    (run / "05_sweep").mkdir(parents=True)
-    (run / "run.json").write_text("{}")
-    now = params.resolve("05_sweep", {"engine": "transformers"})
-    assert now["warmup_full_batch"] is True
-    old = {k: v for k, v in now.items() if k != "warmup_full_batch"}
-    (run / "05_sweep" / "params.json").write_text(_json.dumps(old))
-    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
-    assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is False
-    (run / "05_sweep" / "params.json").write_text(_json.dumps(now.as_dict()))  # recorded with it: as is
-    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
-    assert open_replay("05_sweep", now, run, params.PARAMS)["warmup_full_batch"] is True
-    recorded_false = {**now, "warmup_full_batch": False}
-    (run / "05_sweep" / "params.json").write_text(_json.dumps(recorded_false))
-    evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
-    with pytest.raises(Exception, match="warmup_full_batch"):  # a real difference still fails
-        open_replay("05_sweep", now, run, params.PARAMS)
+    now = params.resolve("00_cluster", {})
+    run = _recorded_stage(tmp_path, "00_cluster", json.loads(evidence.dumps(dict(now))),
+                          outputs_version=version)
+    with pytest.raises(ReplayMismatch, match="outputs version 1, today's is 2.*shown through "
+                                             "its evidence"):
+        open_replay("00_cluster", now, run)
 
 
 @pytest.mark.parametrize("value, parsed", [(True, True), ("true", True), ("False", False),
@@ -288,7 +264,7 @@ from pathlib import Path
 from lib.stages import registry as params
 from lib.core.stage import open_replay
 stage = open_replay("05_sweep", params.resolve("05_sweep", {"engine": "transformers"}),
-                    Path(sys.argv[1]), params.PARAMS)
+                    Path(sys.argv[1]))
 print(stage.run_dir, flush=True)
 if sys.argv[2] == "killed":  # as a Jupyter kernel is stopped: no exit hooks run
     os.kill(os.getpid(), signal.SIGKILL)
@@ -315,7 +291,7 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     run, tmp = tmp_path / "recorded", tmp_path / "tmp"
     (run / "05_sweep").mkdir(parents=True)
     tmp.mkdir()
-    (run / "run.json").write_text("{}")
+    (run / "run.json").write_text('{"outputs_version": 2}')
     (run / "05_sweep" / "params.json").write_text(
         _json.dumps(params.resolve("05_sweep", {"engine": "transformers"}).as_dict()))
     evidence.seal(run)  # replay opens only a sealed run (evidence.require_intact)
@@ -340,53 +316,3 @@ def test_a_replay_copy_left_by_a_killed_process_is_removed_by_the_next_replay(tm
     assert held.returncode == 0
     assert not held_copy.parent.exists()  # a normal exit removes its own copy, as before
     assert unnamed.is_dir() and sorted(p.name for p in tmp.iterdir()) == [unnamed.name]
-
-
-def test_a_reworded_reason_replays_in_todays_words_and_nothing_else_is_forgiven():
-    """The recorded gates.json is never rewritten: a replay reads its reasons through
-    REWORDED_REASONS; every row is still needed by a committed run (else it goes, as an alias
-    does), and a gate whose status changed still differs."""
-    from lib.core import evidence
-    from lib.core.door import REPO_ROOT
-
-    recorded_files = sorted((REPO_ROOT / "results").glob("*/*/gates.json"))
-    recorded_reasons = {g.get("reason") for f in recorded_files for g in evidence.read_json(f)}
-    for old in evidence.REWORDED_REASONS:
-        assert old in recorded_reasons, f"no committed run records {old[:60]!r}: remove its row"
-    path = REPO_ROOT / "results/local-20261201T134653Z/06_multicomm/gates.json"
-    recorded = evidence.read_json(path)
-    today = evidence.as_reworded(recorded)
-    changed = [(a["reason"], b["reason"]) for a, b in zip(recorded, today) if a != b]
-    assert len(changed) == 1 and changed[0][1] == evidence.REWORDED_REASONS[changed[0][0]]
-    assert evidence.read_json(path) == recorded  # the file as it was
-    flipped = [{**g, "status": "PASS"} if g["reason"] in evidence.REWORDED_REASONS else g
-               for g in recorded]
-    assert evidence.as_reworded(flipped) != today
-    assert evidence.as_reworded(None) is None
-
-
-def test_an_added_gate_is_dropped_only_where_the_recorded_run_lacks_it():
-    """ADDED_GATES: a replay of a run recorded before a gate existed drops the re-computed gate
-    (with or without an arm's prefix) and nothing else; a run that recorded it keeps it, so a
-    changed status there still differs; every row is still re-computed somewhere in lib/."""
-    from lib.core import evidence
-    from lib.core.door import REPO_ROOT
-
-    name = "elastic_buffer_timeouts_per_rank"
-    recorded = [{"gate": "server ready", "status": "PASS"},
-                {"gate": "vllm_all2all_backend", "status": "PASS"}]
-    rows = [{"gate": "server ready", "status": "PASS"},
-            {"gate": "vllm_all2all_backend", "status": "PASS"},
-            {"gate": name, "status": "SKIP"},
-            {"gate": f"EP_NUM_COMMS=8: {name}", "status": "SKIP"},
-            {"gate": "a gate nobody added", "status": "SKIP"}]
-    assert [r["gate"] for r in evidence.without_added(rows, recorded)] == [
-        "server ready", "vllm_all2all_backend", "a gate nobody added"]
-    since = recorded + [{"gate": f"EP_NUM_COMMS=8: {name}", "status": "PASS"}]
-    kept = evidence.without_added(rows, since)
-    assert [r["gate"] for r in kept][2:4] == [name, f"EP_NUM_COMMS=8: {name}"]
-    assert evidence.without_added(rows, None) == [rows[0], rows[1], rows[4]]
-    sources = "\n".join(p.read_text() for p in (REPO_ROOT / "lib").rglob("*.py")
-                        if p.name != "evidence.py")
-    for added in evidence.ADDED_GATES:
-        assert added in sources or added.split(" (")[0] in sources, added

@@ -16,8 +16,6 @@ on kube, for every engine the kube place serves (vLLM, SGLang, TensorRT-LLM).
   the kubelet double runs the pods with composed logs (tests/compose.py); the real scheduler,
   garbage collector and kubectl do the rest. PASS for vLLM and SGLang, a FAIL for a worker's
   missing EFA line and for a cluster whose controller makes no pods, nothing left behind.
-- replay: a committed run recorded this parameter as `workload`; its replay reads it as
-  `kube_workload` (lib.core.evidence.RENAMED_PARAMS), and a value it did not record is refused.
 """
 from __future__ import annotations
 
@@ -46,11 +44,9 @@ except ImportError:
     from tests.test_kube_stages import (assert_every_gate_passes, kubectl_calls, serve_pods,
                                         statuses, the_one_failure)
 
-from lib.core import evidence
 from lib.core.door import REPO_ROOT
-from lib.core.errors import ReplayMismatch
 from lib.places import manifests as mf
-from lib.stages import registry, serve as serve_stage
+from lib.stages import serve as serve_stage
 from tests import compose
 from tests.kube_env import IMAGE_ID, MODEL_CACHE, KubeEnv
 
@@ -234,23 +230,6 @@ def test_papermill_plans_04_as_a_leaderworkerset_for_every_engine(tmp_path, reco
                                       if v["name"] == "model-cache"),
               "hf_token_secret": None}
     assert_group_runs_its_engine(lws, params, recorder)
-
-
-# ---- replays of runs that recorded the parameter as `workload` -------------------------------
-def test_a_run_that_recorded_workload_replays_it_as_kube_workload_and_refuses_another_value():
-    from lib.core.stage import open_replay
-
-    recorded_run = REPO_ROOT / "results" / "kube-ctlplane-20261201"
-    raw = json.loads((recorded_run / "04_serve" / "params.json").read_text())
-    assert raw["workload"] == "statefulset" and "kube_workload" not in raw  # as recorded
-    assert evidence.as_renamed({"workload": "leaderworkerset", "a": 1}) == {
-        "kube_workload": "leaderworkerset", "a": 1}
-    asked = {k: v for k, v in evidence.as_renamed(raw).items() if k in registry.PARAMS}
-    stage = open_replay("04_serve", asked, recorded_run, registry.PARAMS)
-    assert stage.params["kube_workload"] == "statefulset" and "workload" not in stage.params
-    with pytest.raises(ReplayMismatch, match="parameter 'kube_workload' = 'leaderworkerset'"):
-        open_replay("04_serve", {**asked, "kube_workload": "leaderworkerset"}, recorded_run,
-                    registry.PARAMS)
 
 
 # ---- on the real control plane ---------------------------------------------------------------

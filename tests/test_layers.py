@@ -5,8 +5,7 @@
   function-level imports included;
 - no stage module reads its context: a stage asks its place (lib.places), so the context's name
   appears in no comparison, attribute or key of lib/stages' modules (the parameter table and
-  the opener, which read it to pick the place, are not stages);
-- the aliases recorded runs need are the ones lib/ALIASES.md lists, each a thin module.
+  the opener, which read it to pick the place, are not stages).
 """
 from __future__ import annotations
 
@@ -27,8 +26,6 @@ PLACED = {
     "lib.runner": "runner",
     "lib": "core",
 }
-# Thin modules kept for recorded runs (lib/ALIASES.md): they may import what they stand for.
-ALIASES = {"lib.stage": "lib.stages.opening", "lib.models": "lib.engines.models"}
 CONTEXT_NAMES = {"local", "plan", "kube", "slurm"}
 NOT_STAGES = {"registry.py", "opening.py", "ab.py", "__init__.py", "refusal.py", "profile.py",
               "transport_ab.py", "specs.py", "rules_places.py", "rules_engines.py"}
@@ -40,8 +37,6 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> str | None:
-    if module in ALIASES:
-        return None
     for prefix, layer in sorted(PLACED.items(), key=lambda kv: -len(kv[0])):
         if module == prefix or module.startswith(prefix + "."):
             if prefix == "lib" and module != "lib":
@@ -78,15 +73,8 @@ def layer_violations() -> list[str]:
     for name, path in modules().items():
         mine = layer_of(name)
         for line, target in lib_imports(path):
-            if name in ALIASES:
-                if not target.startswith(ALIASES[name]):
-                    problems.append(f"{name}:{line} (an alias of {ALIASES[name]}) imports {target}")
-                continue
             theirs = layer_of(target)
-            if target in ALIASES:
-                problems.append(f"{name}:{line} imports the alias {target}; import "
-                                f"{ALIASES[target]}")
-            elif mine is None or theirs is None:
+            if mine is None or theirs is None:
                 problems.append(f"{name}:{line} -> {target}: a module outside the layers "
                                 f"({', '.join(LAYERS)})")
             elif LAYERS.index(theirs) > LAYERS.index(mine):
@@ -171,16 +159,6 @@ def test_the_context_check_finds_a_context_branch(tmp_path):
                        "    return stage['plan_for'] == 'kube'\n")
     assert context_reads(branchy) == ["branchy.py:2 .context", "branchy.py:2 == 'local'",
                                       "branchy.py:3 'context'", "branchy.py:4 == 'kube'"]
-
-
-def test_every_alias_is_listed_and_thin():
-    listed = (LIB / "ALIASES.md").read_text()
-    for alias, target in ALIASES.items():
-        path = REPO_ROOT.joinpath(*alias.split(".")).with_suffix(".py")
-        assert f"`{alias}`" in listed and f"`{target}`" in listed
-        code = [line for line in path.read_text().splitlines()
-                if line.strip() and not line.startswith(("#", '"', " ", "import", "from"))]
-        assert len(code) <= 2, (alias, code)  # an import and, for a command, its entry point
 
 
 @pytest.mark.parametrize("stage", ["00_cluster", "03_kernel_test", "04_serve", "05_sweep",

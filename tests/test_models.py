@@ -1,4 +1,4 @@
-"""lib.models: the seeded MoE and its tokenizer, built for real (a few seconds each)."""
+"""lib.engines.models: the seeded MoE and its tokenizer, built for real (a few seconds each)."""
 from __future__ import annotations
 
 import json
@@ -82,7 +82,7 @@ def test_tokenizer_chat_template_and_greedy_output(built):
 
 def test_cli_prints_json_and_uses_the_cache(built):
     root = Path(built["model_dir"]).parent
-    done = subprocess.run([sys.executable, "-m", "lib.models", "build", "--seed", "0",
+    done = subprocess.run([sys.executable, "-m", "lib.engines.models", "build", "--seed", "0",
                            "--out", str(root)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr

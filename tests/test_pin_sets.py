@@ -193,11 +193,10 @@ def test_the_committed_sets():
 
 
 # ---- the parameter ----------------------------------------------------------------------------
-def test_pin_set_is_one_of_the_committed_sets_default_the_base_and_old_runs_replay_as_seed():
+def test_pin_set_is_one_of_the_committed_sets_default_the_base():
     param = registry.PARAMS["pin_set"]
     assert param.rule.options == tuple(pins.set_names(COMMITTED))
     assert param.default("local") == param.default("kube") == "seed-2026-07"
-    assert param.legacy == "seed-2026-07"
     for stage in registry.STAGES:
         assert registry.resolve(stage, {})["pin_set"] == "seed-2026-07", stage
     assert registry.resolve("01_public_roots", {"pin_set": "current"})["pin_set"] == "current"
@@ -217,19 +216,6 @@ def test_every_run_records_its_pin_set(tmp_path):
         run = json.loads((stage.run_dir / "run.json").read_text())
         assert run["pin_set"] == pin_set == run["parameters"]["pin_set"]
         assert pins.pin_set_of(run) == pin_set
-
-
-def test_a_replay_of_a_run_recorded_before_sets_takes_the_seed_set():
-    from lib.core.stage import open_replay
-
-    # the CPU reference run of 2026-12-01, recorded before pin sets existed (the reference since
-    # records its pin set)
-    recorded = REPO_ROOT / "results" / "local-20261201T134653Z"
-    params = json.loads((recorded / "01_public_roots" / "params.json").read_text())
-    assert "pin_set" not in params
-    resolved = registry.resolve("01_public_roots", {})
-    stage = open_replay("01_public_roots", resolved, recorded, registry.PARAMS)
-    assert stage.params["pin_set"] == "seed-2026-07"
 
 
 # ---- the book page ----------------------------------------------------------------------------

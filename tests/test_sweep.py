@@ -285,14 +285,12 @@ def test_the_aiperf_shim_hides_torch_from_transformers_tokenizers():
 
 def test_a_cell_warms_up_with_at_least_one_full_batch():
     """8 warmup requests cannot form a batch of 32; with warmup_full_batch each cell's warmup is
-    raised to its concurrency (and its timeout counts them); without it (a run recorded before
-    it: its legacy false), as given. The plan is the stage's (lib.stages.ab.sweep_plan)."""
+    raised to its concurrency (and its timeout counts them); without it, as given. The plan is the stage's (lib.stages.ab.sweep_plan)."""
     p = params.resolve("05_sweep", {"engine": "vllm", "warmup_requests": 8,
                                     "warmup_full_batch": True})
     plan = ab.sweep_plan(p, p["repeats"])
     assert [plan.warmup(c) for c in (4, 8, 32)] == [8, 8, 32]
     assert [replace(plan, warmup_full_batch=False).warmup(c) for c in (4, 8, 32)] == [8, 8, 8]
-    assert params.PARAMS["warmup_full_batch"].legacy is False
     none = ab.sweep_plan(params.resolve("05_sweep", {"warmup_requests": 0,
                                                      "warmup_full_batch": False}), 1)
     assert none.warmup(32) == 0
@@ -316,8 +314,7 @@ def test_aiperf_exit_error_box_becomes_one_plain_line():
 
 def test_a_cell_measures_at_least_requests_per_slot_times_its_concurrency():
     """The public review's 5x requests per level: at the vLLM defaults (48 requests) c4 and c8
-    keep 48 and c32 measures 160, five waves instead of one and a half; 0 turns it off; a run
-    recorded before the parameter existed replays with 0 (its legacy value)."""
+    keep 48 and c32 measures 160, five waves instead of one and a half; 0 turns it off."""
     p = params.resolve("05_sweep", {"engine": "vllm"})
     assert p["requests_per_slot"] == 5 and p["request_count"] == 48
     plan = ab.sweep_plan(p, p["repeats"])
@@ -328,8 +325,6 @@ def test_a_cell_measures_at_least_requests_per_slot_times_its_concurrency():
                         p["repeats"])
     assert [off.requests(c) for c in (4, 8, 32)] == [48, 48, 48]
     assert off.requests_said() == "48"
-    # a run recorded before the parameter existed replays with its legacy value, 0
-    assert params.PARAMS["requests_per_slot"].legacy == 0
     with pytest.raises(params.ParameterError, match="requests_per_slot"):
         params.resolve("05_sweep", {"requests_per_slot": -1})
     argv = sweep.aiperf_argv(engine="vllm", model_dir="m", url="http://127.0.0.1:1",

@@ -198,66 +198,6 @@ def read_gates(stage_dir: Path) -> list[dict] | None:
     return read_json(path) if path.exists() else None
 
 
-# A gate's reason reworded since runs recorded it (recorded -> today's): a replay compares the
-# recorded gates with these applied, so the recorded gates.json stays as it was written. One
-# row per rewording, each with why (lib/ALIASES.md lists them for the reader).
-REWORDED_REASONS = {
-    # 06's serving A/B SKIP named the kube context alone; slurm runs that lever as well
-    "the local context serves through transformers serve, which has no expert-parallel "
-    "all-to-all; the serving A/B needs DeepEP's ElasticBuffer (kube context)":
-        "engine 'transformers' serves without an expert-parallel all-to-all; the serving A/B "
-        "needs vLLM on DeepEP's ElasticBuffer (06 with engine 'vllm': on one GPU host its "
-        "serving A/B, on kube or slurm this lever)",
-}
-
-
-def as_reworded(gates: list[dict] | None) -> list[dict] | None:
-    """Recorded gates with every reworded reason in today's words (REWORDED_REASONS)."""
-    if gates is None:
-        return None
-    return [{**g, "reason": REWORDED_REASONS.get(g.get("reason"), g.get("reason"))}
-            if g.get("reason") in REWORDED_REASONS else g for g in gates]
-
-
-# A gate added to a stage since runs recorded it (its name, without an arm's "<arm>: " prefix
-# -> when and why): a replay of a run recorded before it re-computes the gate, and drops it
-# where the recorded gates.json lacks it (lib.core.stage.Stage.finish), so the recorded run
-# replays as it was recorded. lib/ALIASES.md lists them.
-ADDED_GATES = {
-    # 2026-12-04: 06 on a cluster place lists the GIN type 5 lever (a SKIP below its floor)
-    "GIN type 5 against type 2 (the transport A/B)": "06's transport lever, 2026-12-04",
-    # 2026-12-04: vLLM's deepep_v2 serves gate patch 0002's ElasticBuffer timeouts per rank
-    "elastic_buffer_timeouts_per_rank": "04-06's ElasticBuffer timeout gate, 2026-12-04",
-}
-
-
-def _unprefixed(name: str) -> str:
-    return name.rsplit(": ", 1)[-1]
-
-
-def without_added(rows: list[dict], recorded: list[dict] | None) -> list[dict]:
-    """Re-computed gates less those added since the recorded run (ADDED_GATES) that it lacks."""
-    had = {_unprefixed(g.get("gate", "")) for g in recorded or []}
-    return [row for row in rows
-            if _unprefixed(row["gate"]) not in ADDED_GATES or _unprefixed(row["gate"]) in had]
-
-
-# A parameter renamed since runs recorded it (recorded name -> today's): a replay reads a
-# recorded params.json with these applied (lib.core.stage.open_replay), so the recorded file
-# stays as it was written. One row per rename, each with why (lib/ALIASES.md lists them).
-RENAMED_PARAMS = {
-    # the serve's Kubernetes shape, named for the place it shapes (as kube_context is)
-    "workload": "kube_workload",
-}
-
-
-def as_renamed(params: dict[str, Any]) -> dict[str, Any]:
-    """Recorded parameters under today's names (RENAMED_PARAMS); a name recorded under both
-    keeps today's value."""
-    renamed = {RENAMED_PARAMS.get(k, k): v for k, v in params.items() if k in RENAMED_PARAMS}
-    return {**renamed, **{k: v for k, v in params.items() if k not in RENAMED_PARAMS}}
-
-
 def summarize_gates(gates: list[dict]) -> dict[str, int]:
     counts = {s: 0 for s in STATUSES}
     for g in gates:

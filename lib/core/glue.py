@@ -20,11 +20,3 @@ def glue(name: str, value: Any, display: bool = True) -> None:
     prefix = "" if display else GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
     ipy_display({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
-
-
-def glue_recorded(stage, name: str, value: Any) -> None:
-    """A value that runs recorded with outputs version 1 glued for the book and no page read
-    (lib.core.stage.OUTPUTS_VERSION): glued for their replays only, so nbval still sees the
-    outputs they recorded; a run of today glues nothing the book does not read."""
-    if stage.outputs_version < 2:
-        glue(name, value, display=False)

@@ -78,7 +78,6 @@ SCRATCH_IN_SYSTEM_TREES = ("/var/tmp",)
 # /home/me/results and /opt/dlami/nvme/hf-cache are fine).
 SYSTEM_ROOTS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp")
 
-NO_LEGACY = object()  # a parameter whose default is what runs recorded before it did
 
 
 # ---- what every rule refuses ------------------------------------------------------------------
@@ -503,10 +502,6 @@ class Param:
     rule: Rule
     defaults: dict[str, Any]  # per context; key "*" for every context
     help: str
-    # What a run recorded before the parameter existed did, when that is not the default:
-    # its replay takes this value (lib.core.stage.open_replay), so a better default for new runs
-    # never makes an older recording disagree with itself.
-    legacy: Any = NO_LEGACY
     # a rule across parameters (lib.stages.registry checks it), said beside the rule's own words
     together: str = ""
 

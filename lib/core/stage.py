@@ -38,10 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lib.core import evidence
-from lib.core.params import NO_LEGACY, Param
 from lib.core.door import (REPO_ROOT, Door, attempt_of, in_attempt, read_transcript,
                            record_retired)
-from lib.core.errors import (EvidenceError, ParameterError, PlaceError, ReplayMismatch,
+from lib.core.errors import (EvidenceError, PlaceError, ReplayMismatch,
                              StageRefused)
 from lib.core.evidence import Gate, gate
 
@@ -53,9 +52,10 @@ _shadows: dict[Path, Path] = {}
 # each replayed notebook used to leave its copy behind (6.7 GB in /tmp after a few hundred
 # `make test` runs). The pid in the name lets the next replay remove copies whose process is gone.
 SHADOW_PREFIX = "repro-replay-"
-# The version of what a run's notebooks output, recorded in run.json. 1 (runs recorded before
-# it was recorded): the stages also glued values for the book that no page read (lib.core.glue
-# `glue_recorded`); their replays still show them. 2: not glued.
+# The version of what a run's notebooks output, recorded in run.json: 1 (or none recorded), the
+# stages also glued values for the book that no page read; 2, they glue none. Only runs of
+# version 2 replay (DESIGN.md, Reference runs age); a run of version 1 is shown through its
+# evidence.
 OUTPUTS_VERSION = 2
 # A stage's attempt kept when its run is resumed: NN_stage.attempt-K (lib.core.door `attempt`)
 ATTEMPT_MARK = ".attempt-"
@@ -129,11 +129,6 @@ class Stage:
         self._resources: list = []  # cleanups (servers) run by finish, or at exit
         self.refusal: PlaceError | None = None  # the cluster refused: finish raises after gates
         self._place_spec: Any = None  # what its place is handed (place_spec), built once
-        self.outputs_version = OUTPUTS_VERSION
-        record = Path(recorded_run or "") / "run.json"
-        if recorded_run is not None and record.exists():  # what its notebooks output
-            run = evidence.read_json(record)
-            self.outputs_version = run.get("outputs_version", 1) if isinstance(run, dict) else 1
 
     # ---- parameters --------------------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -225,12 +220,11 @@ class Stage:
                     f"replay: stage {self.name} asked for fewer calls than recorded "
                     f"({self.door.remaining()} left unasked)")
             recorded = evidence.read_gates(self.dir)
-            rows = evidence.without_added(rows, recorded)
-            if evidence.as_reworded(recorded) != json.loads(evidence.dumps(rows)):
+            if recorded != json.loads(evidence.dumps(rows)):
                 raise ReplayMismatch(f"replay: the gates of {self.name} re-computed from the "
-                                     "transcript differ from the recorded gates.json")
-            # the same gates, each reason shown in the words the run recorded
-            rows = [{**row, "reason": then["reason"]} for row, then in zip(rows, recorded)]
+                                     "transcript differ from the recorded gates.json (a run "
+                                     "recorded by an older guide is shown through its evidence, "
+                                     "not replayed: DESIGN.md, Reference runs age)")
         else:
             for path in self.dir.rglob("*"):  # what processes wrote: as the door writes text
                 if path.is_file():
@@ -279,26 +273,12 @@ def open_record(name: str, resolved: dict[str, Any],
     return stage
 
 
-NOT_GIVEN = object()
-
-
-def _given_by_the_run(param: Param, value: Any, injected: Any) -> bool:
-    """Whether `value` is what the recorded notebook's own injected cell gave the parameter."""
-    if injected is NOT_GIVEN:
-        return False
-    try:
-        return json.loads(json.dumps(param.rule(injected))) == json.loads(json.dumps(value))
-    except (ParameterError, TypeError, ValueError):
-        return False
-
-
-def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
-                table: dict[str, Param], *, plan: bool = False,
-                injected: dict[str, Any] | None = None) -> Stage:
-    """The stage `name` answering from its recorded run. `injected`: what the run's own
-    notebook of the stage was given (papermill injects a run's every parameter into every
-    notebook): a parameter the stage took no such name for when it was recorded, given there,
-    is replayed at what the stage then did (its legacy value, else its default), not refused."""
+def open_replay(name: str, resolved: dict[str, Any], recorded: Path, *,
+                plan: bool = False) -> Stage:
+    """The stage `name` answering from its recorded run: today's stage must take exactly the
+    parameters the run recorded, at the values it recorded (a run recorded by a guide whose
+    stages took others is shown through its evidence, not replayed: DESIGN.md, Reference runs
+    age)."""
     if not (recorded / "run.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: no run.json there, not a recorded run")
     # Before anything is read from it: a replay that passed on changed evidence would vouch for
@@ -312,6 +292,13 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
                             refused.problems) from None
     if not (recorded / name / "params.json").exists():
         raise EvidenceError(f"{REPLAY_ENV}={recorded}: stage {name} is not recorded in that run")
+    run = evidence.read_json(recorded / "run.json")
+    if run.get("outputs_version", 1) != OUTPUTS_VERSION:
+        raise ReplayMismatch(
+            f"replay: run {recorded.name} was recorded with outputs version "
+            f"{run.get('outputs_version', 1)}, today's is {OUTPUTS_VERSION}: it was recorded by "
+            "an older guide and is shown through its evidence, not replayed (DESIGN.md, "
+            "Reference runs age)")
     shadow = _shadows.get(recorded)
     if shadow is None:
         remove_orphan_shadows()
@@ -319,37 +306,21 @@ def open_replay(name: str, resolved: dict[str, Any], recorded: Path,
         shutil.copytree(recorded, shadow)
         _shadows[recorded] = shadow
         atexit.register(shutil.rmtree, shadow.parent, True)
-    recorded_params = evidence.as_renamed(evidence.read_json(recorded / name / "params.json"))
-    added_since = {}
+    recorded_params = evidence.read_json(recorded / name / "params.json")
     for key, value in resolved.items():
-        if key in ("run_id",) and value in ("", recorded.name):
+        if key == "results_dir" or key == "run_id" and value in ("", recorded.name):
             continue
-        if key == "results_dir":
-            continue
-        legacy = table[key].legacy
-        if key not in recorded_params and key != "engine" and _given_by_the_run(
-                table[key], value, (injected or {}).get(key, NOT_GIVEN)):
-            # The run's request named it for other stages; this one had no such parameter then
-            added_since[key] = legacy if legacy is not NO_LEGACY else table[key].default(
-                resolved["context"], resolved.get("engine") or "")
-            continue
-        if key not in recorded_params and legacy is not NO_LEGACY:
-            # Added after this run was recorded, with a default that changed what runs do:
-            # the run did what the parameter's legacy value names.
-            added_since[key] = legacy
-            continue
-        if key not in recorded_params and (key == "engine" or value == table[
-                key].default(resolved["context"], resolved.get("engine") or "")):
-            # A parameter added to the stage after this run was recorded: the run used what the
-            # parameter's default now names (the engine: recorded_engine's 'transformers').
-            added_since[key] = value
-            continue
-        if recorded_params.get(key) != json.loads(json.dumps(value)):
+        if key not in recorded_params:
+            raise ReplayMismatch(
+                f"replay: stage {name} takes parameter {key!r}, which the recorded run "
+                f"{recorded.name} did not record: it was recorded by an older guide (re-record "
+                "it, or show it through its evidence: DESIGN.md, Reference runs age)")
+        if recorded_params[key] != json.loads(json.dumps(value)):
             raise ReplayMismatch(
                 f"replay: parameter {key!r} = {value!r} but the recorded run used "
-                f"{recorded_params.get(key)!r}")
+                f"{recorded_params[key]!r}")
     door = Door(shadow, name, replay=True, plan=plan)
-    return Stage(name, {**added_since, **recorded_params}, shadow, door, recorded)
+    return Stage(name, recorded_params, shadow, door, recorded)
 
 
 def remove_orphan_shadows(folder: Path | None = None) -> list[Path]:

@@ -14,7 +14,7 @@ a half-built model is never taken for a cached one.
 
 The stage calls the command line through the door (recorded; a replay never builds)::
 
-    python -m lib.models build --seed 0 [--out CACHE_ROOT]
+    python -m lib.engines.models build --seed 0 [--out CACHE_ROOT]
 
 which prints one JSON object on stdout: model_dir, config_hash, built (False when cached),
 build_s, and the model's shape (experts, top-k, parameters).
@@ -271,7 +271,7 @@ def build(seed: int, out: Path | str | None = None, flavor: str = "tiny",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lib.models",
+    parser = argparse.ArgumentParser(prog="python -m lib.engines.models",
                                      description="Build the seeded random-weight MoE model.")
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser("build", help="build (or find cached) and print it as JSON")

@@ -25,7 +25,7 @@ LOG_TAIL_LINES = 25
 
 
 def resolve_engine(engine: str) -> str:
-    """The engine a stage serves with, given its `engine` parameter: lib.stage.open_stage
+    """The engine a stage serves with, given its `engine` parameter: lib.stages.opening.open_stage
     already turned '' into the machine's pick ('vllm' with 2+ GPUs and vllm importable, else
     'transformers') and refused an explicit 'vllm' where it cannot run."""
     return engine or "transformers"

@@ -83,14 +83,14 @@ def model_flavor(engine: str) -> str:
 
 def build_model(stage, engine: str = "transformers", *, seed: int,
                 layers: int) -> tuple[dict[str, Any] | None, Gate]:
-    """`python -m lib.models build` through the door (recorded; a replay never builds), the
+    """`python -m lib.engines.models build` through the door (recorded; a replay never builds), the
     model drawn from `seed` with `layers` decoder layers (the stage's `seed` and `model_layers`,
     handed down by its place).
 
     Returns (its JSON with model_dir as a path on this machine, or None when it failed; the gate
     `model built from its seed`)."""
     name = "model built from its seed"
-    argv = [sys.executable, "-m", "lib.models", "build", "--seed", str(seed),
+    argv = [sys.executable, "-m", "lib.engines.models", "build", "--seed", str(seed),
             "--layers", str(layers)]
     if model_flavor(engine) != "tiny":
         argv += ["--flavor", model_flavor(engine)]
@@ -102,7 +102,7 @@ def build_model(stage, engine: str = "transformers", *, seed: int,
     if not isinstance(info, dict) or "model_dir" not in info:
         tail = "\n".join((call.stderr or call.stdout).strip().splitlines()[-15:])
         return None, gate(name, False, {"exit_code": call.rc, "timed_out": call.timed_out},
-                          {"exit_code": 0}, f"python -m lib.models build failed; its output "
+                          {"exit_code": 0}, f"python -m lib.engines.models build failed; its output "
                           f"ends:\n{tail}", streams)
     info["model_dir"] = stage.door.denorm(info["model_dir"])
     info["evidence"] = streams[:1]

@@ -77,7 +77,7 @@ class SlurmPlan(Planning, SlurmPlace):
     def model(self, engine: str, announce: bool = False):
         if engine in self.engines and not catalog.engine(engine).expert_parallel:
             self._python()
-            self.door.plan([sys.executable, "-m", "lib.models", "build", "--seed",
+            self.door.plan([sys.executable, "-m", "lib.engines.models", "build", "--seed",
                             str(self.spec.seed), "--layers", str(self.spec.model_layers)],
                            note="the seeded model, built where the guide runs, into the "
                                 "checkout's .cache/ on the shared file system")

@@ -37,14 +37,12 @@ def sweep_plan(p: Mapping[str, Any], repeats: int, prefill: bool = False) -> Swe
     """What every AIPerf cell of a stage is asked, from its parameters `p` (its typed model; in
     a replay, the values its run recorded): the concurrency levels, `repeats` (05's repeats,
     06's ab_repeats), the requests and warmup per cell, the decode shape (input_tokens,
-    output_tokens) and with `prefill` the prefill-heavy one (05's backend A/B), the seed. Runs
-    recorded before requests_per_slot and warmup_full_batch read their legacy values (0,
-    false)."""
+    output_tokens) and with `prefill` the prefill-heavy one (05's backend A/B), the seed."""
     prefill_shape = ((p["prefill_input_tokens"], p["prefill_output_tokens"]) if prefill
                      else None)
     return SweepPlan(concurrency=tuple(p["concurrency"]), repeats=repeats,
                      request_count=p["request_count"],
-                     requests_per_slot=p["requests_per_slot"] or 0,
+                     requests_per_slot=p["requests_per_slot"],
                      warmup_requests=p["warmup_requests"],
                      warmup_full_batch=bool(p["warmup_full_batch"]),
                      shapes=serving.shapes_of((p["input_tokens"], p["output_tokens"]),
@@ -178,7 +176,6 @@ def _not_measured(stage: Stage, m: serving.Measurement) -> dict:
 
 def show_serving_ab(stage: Stage, data: dict):
     from IPython.display import Image, display
-    from lib.core.glue import glue_recorded
 
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")
@@ -186,14 +183,4 @@ def show_serving_ab(stage: Stage, data: dict):
     frame = data["summary"]
     display(Image(data=sweep.figure_png(serving.plot_arms(frame, data["title"])), format="png"))
     table = serving.ratio_table(data["ratios"])
-    for r in data["ratios"]:
-        key = ("graphs" if r["b"].startswith("graphs") else "noep" if "no EP" in r["b"]
-               else r["b"]) + (f"_{r['shape']}" if "shape" in r else "")
-        for part in ("ratio", "low", "high"):
-            if r[part] is not None:
-                glue_recorded(stage, f"ab_{key}_c{r['concurrency']}_{part}", serving.rounded(r[part]))
-    for name, seconds in (data.get("ready_s") or {}).items():
-        if seconds is not None:
-            glue_recorded(stage, f"ab_ready_s_{name.replace(' ', '').replace(',', '_').replace('+', '_')}",
-                 seconds)
     return table

@@ -260,8 +260,6 @@ def run_test_ep_beside_bench(stage: Stage, cfg: dict, result: dict | None) -> li
 
 @shows_refusal
 def show(stage: Stage, data: dict):
-    from lib.core.glue import glue_recorded
-
     if data.get("test_ep"):
         import pandas as pd
         from IPython.display import display
@@ -276,17 +274,7 @@ def show(stage: Stage, data: dict):
             show_bounds(data["bounds"], table, stage.run_id)
         if data.get("transport_ab"):
             show_transport_ab(data["transport_ab"])
-        for row in data["test_ep"]:
-            if row["test_ep D+C p50 (us)"] is not None:
-                glue_recorded(stage, f"test_ep_dc_p50_us_{row['tokens']}", round(row["test_ep D+C p50 (us)"], 1))
     table = bench_result.summary_table(data["result"])
-    result = data["result"] or {}
-    dc = ((result.get("phases_us") or {}).get("dispatch_combine") or {}).get("p50")
-    floor = (result.get("floor_us") or {}).get("p50")
-    if dc is not None and floor is not None:
-        glue_recorded(stage, "kernel_dc_p50_us", round(dc, 1))
-        glue_recorded(stage, "kernel_floor_p50_us", round(floor, 1))
-        glue_recorded(stage, "kernel_dc_over_floor", round(dc / floor, 2))
     return table.round(2)
 
 

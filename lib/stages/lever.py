@@ -47,8 +47,7 @@ are SKIPs here with their reason.
 Throughput says nothing of what an arm computes. So each arm, once its server is up and before
 its cells (an exclusive arm: at its first start), is asked lib.agreement's fixed prompts (greedy,
 top logprobs; `answer_prompts` of them, 0: none), and each comparison's arm b must answer as
-its arm a does: gate `<b> answers as <a>` (a FAIL stands beside the measured numbers; runs
-recorded before this were not asked and replay without it).
+its arm a does: gate `<b> answers as <a>` (a FAIL stands beside the measured numbers).
 
 Artifacts: vllm-<arm>.log per server (vllm-<arm>-<start>.log for a DeepEP arm served one at a
 time); aiperf/repeat_<r>/aiperf-<arm>-c<C>/; metrics/...; summary.csv / summary.json (lib.measure.aiperf's
@@ -94,7 +93,7 @@ def gin_arm(stage: Stage, place, base: Arm) -> Arm | None:
     CPU proxy) on the same nodes and communicators. None, with the lever a SKIP naming the
     floor, where the run's pin set is below type 5's (lib.engines.transport: NCCL >= 2.31,
     EFA installer >= 1.50)."""
-    pin_set = stage.params.get("pin_set") or pins_mod.RECORDED_BEFORE_SETS
+    pin_set = stage.params["pin_set"]
     problems = transport.floor_problems(GIN_TYPE5, pins_mod.set_pins(pins_mod.load(), pin_set))
     if problems:
         stage.add(skip(GIN_LEVER, f"pin set {pin_set!r} is below GIN type 5's floor: "
@@ -180,7 +179,6 @@ def show(stage: Stage, data: dict):
         return ab.show_serving_ab(stage, data)
     import matplotlib.pyplot as plt
     from IPython.display import display
-    from lib.core.glue import glue_recorded
 
     runs = data.get("runs")
     if runs is None:
@@ -194,9 +192,6 @@ def show(stage: Stage, data: dict):
     if ratio:
         ax.set_title(f"K={data['b']} / K={data['a']}: {ratio['ratio']:.2f} "
                      f"[{ratio['low']:.2f}, {ratio['high']:.2f}]")
-        glue_recorded(stage, "lever_ratio", round(ratio["ratio"], 3))
-        glue_recorded(stage, "lever_ratio_low", round(ratio["low"], 3))
-        glue_recorded(stage, "lever_ratio_high", round(ratio["high"], 3))
     ax.legend()
     fig.tight_layout()
     fig.savefig(stage.path("ab.png"), dpi=100, metadata={"Software": None}) if not stage.replay else None

@@ -18,10 +18,8 @@ hook stops what the stage started (`close_resources`).
 """
 from __future__ import annotations
 
-import ast
 import atexit
 import functools
-import json
 import os
 import platform
 import sys
@@ -59,14 +57,14 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
         rules_places.check_engine_here(specs.place_spec(resolved))
     if "engine" in resolved and not resolved["engine"]:
         # '' : the place's pick; the engine then decides the defaults (registry "local:vllm")
-        engine = (recorded_engine(resolve_path(replay_of), name) if replay_of
-                  else places.engine_default(specs.place_spec(resolved)))
+        # a replay: the recorded machine's pick (this one may have other GPUs)
+        engine = (evidence.read_json(resolve_path(replay_of) / name / "params.json")["engine"]
+                  if replay_of else places.engine_default(specs.place_spec(resolved)))
         resolved = registry.resolve(name, {**given, "engine": engine})
     plan = places.plans(specs.place_spec(resolved)) and registry.SPECS[name].uses_place
     if replay_of:
         recorded = resolve_path(replay_of)
-        stage = open_replay(name, resolved, recorded, registry.PARAMS, plan=plan,
-                            injected=injected_parameters(recorded, name))
+        stage = open_replay(name, resolved, recorded, plan=plan)
     else:
         stage = open_record(name, resolved, functools.partial(
             write_run_json, profile_read=profile.recorded(supplied)), plan=plan)
@@ -80,43 +78,6 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     atexit.register(stage.close_resources)
     print(f"{name} · context {stage.context} · run {stage.run_id}")
     return stage
-
-
-def injected_parameters(recorded: Path, name: str) -> dict[str, Any]:
-    """What papermill injected into the recorded run's own notebook of stage `name` (its cell
-    tagged injected-parameters: the run's request, every parameter of it, whichever stage takes
-    it), as literals; {} where the notebook or the cell is absent or holds anything else."""
-    try:
-        notebook = json.loads((recorded / "notebooks" / f"{name}.ipynb").read_text())
-    except (OSError, ValueError):
-        return {}
-    found: dict[str, Any] = {}
-    for cell in notebook.get("cells", []):
-        if "injected-parameters" not in (cell.get("metadata") or {}).get("tags", []):
-            continue
-        source = cell.get("source")
-        try:
-            tree = ast.parse("".join(source) if isinstance(source, list) else source or "")
-        except SyntaxError:
-            return {}
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)):
-                try:
-                    found[node.targets[0].id] = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-    return found
-
-
-def recorded_engine(recorded: Path, name: str) -> str:
-    """The engine a recorded stage resolved ('' picks by place; a replay takes the recorded
-    machine's pick). Runs recorded before the vLLM engine existed served with transformers."""
-    try:
-        recorded_params = evidence.read_json(recorded / name / "params.json")
-    except (OSError, ValueError):
-        return "transformers"
-    return recorded_params.get("engine") or "transformers"
 
 
 def write_run_json(run_dir: Path, resolved: dict[str, Any],

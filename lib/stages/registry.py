@@ -146,7 +146,7 @@ _PARAMS = [
     Param("seed", Integer(0, MAX_SEED), {"*": 0}, "seed of every random draw"),
     Param("pin_set", OneOf(tuple(pins_mod.set_names(_PINS))), _pin_set_defaults(),
           "the pin set (pins.yaml `sets:`) the run uses, recorded in run.json; 01 verifies "
-          "every set", legacy=pins_mod.RECORDED_BEFORE_SETS),
+          "every set"),
     Param("nodes", Integer(1, MAX_NODES), {"local": 1, **_cluster(2)}, "nodes in the run",
           together="1 on the local context"),
     Param("instance_type", OneOf(tuple(INSTANCE_TYPES)), _cluster(DEFAULT_INSTANCE_TYPE),
@@ -232,8 +232,7 @@ _PARAMS = [
           " not a per-pod emptyDir on the root volume); required to serve on kube"),
     Param("hf_token_secret", OrEmpty(dns_label("a Kubernetes Secret name"), "none"), {"*": ""},
           "kube: the Secret holding HF_TOKEN (key 'token'); a token value is never a parameter"),
-    # named for the place it shapes, as kube_context is; runs recorded it as "workload", which
-    # a replay reads as this name (lib.core.evidence.RENAMED_PARAMS)
+    # named for the place it shapes, as kube_context is
     Param("kube_workload", OneOf(WORKLOADS), {"*": "statefulset"},
           "kube: the serve as a StatefulSet, or as a LeaderWorkerSet (one group of `nodes` "
           "pods; needs the LeaderWorkerSet controller in the cluster)"),
@@ -256,14 +255,13 @@ _PARAMS = [
           "each cell measures at least this many requests per concurrency slot: "
           "max(request_count, requests_per_slot x concurrency), the public review's 5x "
           "requests per level (48 requests at concurrency 32 are one and a half waves, mostly "
-          "ramp and tail); 0: request_count at every level", legacy=0),
+          "ramp and tail); 0: request_count at every level"),
     # a warmup longer than the largest concurrency's full batch warms nothing more
     Param("warmup_requests", Integer(0, MAX_CONCURRENCY), {"local": 2, "local:vllm": 8, "*": 16},
           "unmeasured warmup requests per cell"),
     Param("warmup_full_batch", Flag(), {"*": True},
           "each cell's warmup is at least its concurrency, so the first full batch (and the "
-          "kernels compiled for its shapes) is not measured; false: warmup_requests as given",
-          legacy=False),
+          "kernels compiled for its shapes) is not measured; false: warmup_requests as given"),
     Param("repeats", Integer(1, MAX_REPEATS), {"*": 3}, "repeats per cell"),
     Param("input_tokens", Integer(1, MAX_SEQUENCE_TOKENS),
           {"local": 64, "local:vllm": 120, "*": 120}, "synthetic input tokens (mean)"),
@@ -282,7 +280,7 @@ _PARAMS = [
     Param("answer_prompts", Integer(0, len(ANSWER_PROMPTS)), {"*": len(ANSWER_PROMPTS)},
           "engine vllm, arms side by side (05's backend A/B, 06): each arm is asked this many "
           "fixed prompts (greedy, top logprobs) before its cells, and each compared arm must "
-          "answer as the baseline does (lib.measure.agreement); 0: not asked", legacy=0),
+          "answer as the baseline does (lib.measure.agreement); 0: not asked"),
     # 06 levers
     Param("arm_a_comms", Integer(1, MAX_EP_NUM_COMMS), {"*": 1},
           "arm A communicators (EP_NUM_COMMS)"),
@@ -532,8 +530,7 @@ def _check_transport(p: dict[str, Any], one_machine: bool) -> None:
             raise ParameterError("transport_ab", True, "false on the local context (one "
                                                       "machine has no EFA to A/B): the A/B of GIN "
                                                       "type 2 and 5 runs on a cluster place")
-        _check_floor("transport_ab", "gin_type5",
-                     p.get("pin_set") or pins_mod.RECORDED_BEFORE_SETS)
+        _check_floor("transport_ab", "gin_type5", p["pin_set"])
 
 
 def _check_floor(param: str, name: str, pin_set: str) -> None:

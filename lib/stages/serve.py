@@ -151,7 +151,6 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
 @shows_refusal
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import display
-    from lib.core.glue import glue_recorded
 
     if data.get("skipped"):
         print(f"not measured: {data['skipped']}")
@@ -161,12 +160,4 @@ def show(stage: Stage, data: dict[str, Any]) -> None:
     if chat:
         print(f"chat reply ({len(chat.get('content') or '')} chars, random weights: the text is "
               f"not meant to read well):\n{(chat.get('content') or '')[:200]!r}")
-    config = data.get("config") or {}
-    glue_recorded(stage, "serve_ready_s", data.get("ready_s"))
-    glue_recorded(stage, "serve_num_experts", config.get("num_experts", config.get("num_local_experts")))
-    glue_recorded(stage, "serve_top_k", config.get("num_experts_per_tok"))
-    glue_recorded(stage, "serve_model_params", (data.get("model") or {}).get("parameters"))
-    glue_recorded(stage, "serve_chat_completion_tokens", ((chat.get("usage") or {}).get("completion_tokens")))
-    if data.get("rss_bytes"):
-        glue_recorded(stage, "serve_rss_mib", round(data["rss_bytes"] / 2 ** 20, 1))
 

@@ -160,7 +160,6 @@ def same_model_gate(stage: Stage, model: dict[str, Any]):
 @shows_refusal
 def show(stage: Stage, data: dict[str, Any]) -> None:
     from IPython.display import Image, display
-    from lib.core.glue import glue_recorded
 
     if data.get("serving_ab"):
         return ab.show_serving_ab(stage, data)
@@ -169,22 +168,6 @@ def show(stage: Stage, data: dict[str, Any]) -> None:
         return
     frame: pd.DataFrame = data["summary"]
     display(frame[SHOWN_COLUMNS].round(2))
-    tps = sweep.by_concurrency(frame, "output_tps")
     for figure in (sweep.plot_throughput(frame, data["title"]),
                    sweep.plot_latency(frame, data["title"])):
         display(Image(data=sweep.figure_png(figure), format="png"))
-    peak_rss = max([s for s in [data["memory"]["after_ready_bytes"],
-                                *[c["rss_bytes"] for c in data["memory"]["after_cell"]]] if s]
-                   or [0])
-    if not tps.empty:
-        best = tps.loc[tps["mean"].idxmax()]
-        glue_recorded(stage, "sweep_peak_tps", round(float(best["mean"]), 1))
-        glue_recorded(stage, "sweep_peak_tps_concurrency", int(best["concurrency"]))
-        for _, row in tps.iterrows():
-            glue_recorded(stage, f"sweep_tps_c{int(row['concurrency'])}", round(float(row["mean"]), 1))
-    for metric in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
-        for _, row in sweep.by_concurrency(frame, metric).iterrows():
-            glue_recorded(stage, f"sweep_{metric}_c{int(row['concurrency'])}", round(float(row["mean"]), 2))
-    glue_recorded(stage, "sweep_cells", len(frame))
-    glue_recorded(stage, "sweep_errors", int(pd.to_numeric(frame["errors"], errors="coerce").fillna(0).sum()))
-    glue_recorded(stage, "sweep_server_peak_rss_mib", round(peak_rss / 2 ** 20, 1))

@@ -108,14 +108,10 @@ def run(stage: Stage) -> dict:
 def show(stage: Stage, data: dict):
     import pandas as pd
 
-    from lib.core.glue import glue_recorded
-
     if not data.get("steps"):
         print("not measured: no step was logged (the gates above say why)")
         return None
     table = pd.DataFrame(data["steps"])
-    glue_recorded(stage, "train_loss_first", round(table["loss"].iloc[0], 4))
-    glue_recorded(stage, "train_loss_last", round(table["loss"].iloc[-1], 4))
     print(f"EP {data['world']}: loss, global grad norm and the token copies every MoE layer's "
           "dispatcher sent to other ranks' experts (forward, all ranks summed) per step:")
     return table.round(4)

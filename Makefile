@@ -11,7 +11,7 @@ CONTEXT ?=
 REFERENCE := $(shell cat results/REFERENCE 2>/dev/null)
 PIP_QUIET := -q --disable-pip-version-check
 
-.PHONY: run test book venv unit cluster-tests nbval reference kube-plane slurm chromium
+.PHONY: run test book venv unit cluster-tests nbval reference kube-plane slurm chromium rerecord results-size
 
 # The guide's venv. torch==2.13.0 first: it is the CPU build on this machine's disk, and anything
 # that asks for torch more loosely pulls a multi-GB CUDA build (TOOLCHAIN.md).
@@ -49,6 +49,16 @@ book: venv
 reference: venv
 	@test -n "$(RUN)" || { echo "usage: make reference RUN=<run_id>"; exit 2; }
 	$(PY) -m lib.runner reference $(RUN)
+
+# Re-record the cheap runs (the CPU reference, the control-plane, Slurm and plan runs) and
+# replace them in the tree, after a change that alters what the stages call (tests/rerecord.py;
+# DESIGN.md, Reference runs age). `make rerecord KINDS="kube-ctlplane plan-kube-train"` for some.
+rerecord: venv kube-plane slurm
+	$(PY) -m tests.rerecord $(KINDS)
+
+# What results/ holds checked out (files, MiB, runs).
+results-size: venv
+	@$(PY) -c "from lib.publish.catalog import results_size; print(results_size('results'))"
 
 # A real Kubernetes control plane (kube-apiserver, scheduler, controller-manager 1.20.2 from
 # Debian's source package, etcd), built once into ~/.cache (about 12 min on 2 cores); then
@@ -105,6 +115,7 @@ nbval: venv
 	    || exit 1; \
 	done; \
 	echo "make test: nbval phase $$(( $$(date +%s) - start )) s wall"
+	@$(MAKE) --no-print-directory results-size
 	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
 	@$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
 

@@ -78,7 +78,22 @@ def history_group(runs: list[Run]) -> str:
     return (f"Every run here: {said}.\n\n" if said else "") + _md_table(table.drop(columns=shared))
 
 
-def history_page(runs: list[Run]) -> str:
+def removed_section(removed: list) -> str:
+    """The runs taken out of the tree when they were re-recorded (results/REMOVED), each with
+    the commit that still holds it and the run that replaced it."""
+    if not removed:
+        return ""
+    table = pd.DataFrame([{"run": f"`{r.run_id}`", "kept in git at": f"`{r.commit[:12]}`",
+                           "replaced by": run_link(r.replaced_by, prefix="")} for r in removed])
+    return ("A run that costs nothing but a CPU's time (the CPU reference, the control-plane, "
+            "Slurm and plan runs) is re-recorded by `make rerecord` whenever a change alters "
+            "what the stages call, in the same commit, and the run it replaces leaves the tree "
+            "(DESIGN.md, Reference runs age). Git keeps it: `git show <commit>:results/<run>/"
+            "run.json`, or `git worktree add /tmp/old <commit>` to read or replay it with the "
+            "guide that recorded it.\n\n" + _md_table(table) + "\n")
+
+
+def history_page(runs: list[Run], removed: list = ()) -> str:
     out = ["# Appendix: every recorded run\n",
            "Every run committed under `results/`, oldest first within its group, failed and "
            "superseded ones included. A run feeds the [results](results.md) only when it ran on "
@@ -99,6 +114,10 @@ def history_page(runs: list[Run]) -> str:
         body = f"{what[0].upper() + what[1:]}.\n\n" + history_group(mine)
         opened = "\n:open:" if key in OPEN_GROUPS else ""
         out.append(f":::{{dropdown}} {heading}{opened}\n\n{body}\n:::\n")
+    if removed:
+        out.append(":::{dropdown} " + f"Taken out of the tree: {len(removed)} re-recorded run"
+                   + ("s" if len(removed) > 1 else "") + "\n\n"
+                   + removed_section(list(removed)) + "\n:::\n")
     return "\n".join(out)
 
 
@@ -183,7 +202,7 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
         run.seal, f"NOT verified ({run.seal})")
     replayed = (", ".join(s[:2] for s in run.replayed) + ": `make test` re-executes these "
                 "stages' notebooks against this run's recorded evidence (nbval) and fails on a "
-                "difference" if run.replayed else "no: `make test` does not replay this run")
+                "difference" if run.replayed else not_replayed_said(run))
     return [
         ("level", run.level),
         ("status", status_explained(run)),
@@ -201,6 +220,16 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
         ("audit", f"`REPRO_REPLAY=results/{run.run_id} pytest --nbval "
                   f"results/{run.run_id}/notebooks/`"),
     ]
+
+
+def not_replayed_said(run: Run) -> str:
+    """Why `make test` does not replay a run, and how it is shown instead."""
+    guide = (run.record.get("guide") or {}).get("git_sha") or "an unrecorded commit"
+    return (f"no: recorded by the guide at `{str(guide)[:12]}` (outputs version "
+            f"{run.record.get('outputs_version', 1)}), whose stages made other calls than "
+            "today's; it is shown through its evidence: its files checked against its "
+            "SHA256SUMS (evidence, above), its gates as it recorded them, its tables and plots re-computed from "
+            "its artifacts by today's code (DESIGN.md, Reference runs age)")
 
 
 def date_said(created_utc) -> str:

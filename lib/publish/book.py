@@ -24,7 +24,7 @@ from lib.core import evidence
 from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
 from lib.core.door import REPO_ROOT
 from lib.publish import appendix, cited, coverage, pages, scan, sources
-from lib.publish.catalog import by_id, catalog
+from lib.publish.catalog import by_id, catalog, removed_runs
 from lib.stages.registry import STAGES
 
 PUBLIC_TREE = REPO_ROOT.parent / "shared" / "fixtures" / "public-repro" / "results"
@@ -63,7 +63,7 @@ def stage_sources(run_dir: Path, src: Path, results: Path,
     write("bounds.md", pages.bounds_page(ev))
     write("comparison.md", pages.comparison_page(ev, public_tree()))
     write("coverage.md", coverage.coverage_page(runs, list(cited.CLAIMS)))
-    write("history.md", appendix.history_page(runs))
+    write("history.md", appendix.history_page(runs, removed_runs(results)))
     write("parameters.md", pages.parameters_page())
     write("pin_sets.md", (book / "pin_sets.md").read_text(encoding="utf-8")
           + appendix.pin_sets_table(results))

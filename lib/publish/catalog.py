@@ -185,6 +185,36 @@ def replayed_notebooks(results: Path) -> dict[str, list[str]]:
     return runs
 
 
+REMOVED_FILE = "REMOVED"  # results/REMOVED: re-recorded runs taken out of the tree (tests/rerecord.py)
+
+
+@dataclass(frozen=True)
+class RemovedRun:
+    """A run taken out of the tree when it was re-recorded: the commit that still holds it."""
+    run_id: str
+    commit: str
+    replaced_by: str
+
+
+def removed_runs(results: Path) -> list[RemovedRun]:
+    """results/REMOVED, a line per removed run: `<run id> <commit holding it> <replaced by>`."""
+    listing = Path(results) / REMOVED_FILE
+    if not listing.exists():
+        return []
+    rows = [line.split() for line in listing.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    return [RemovedRun(*row) for row in rows]
+
+
+def results_size(results: Path) -> str:
+    """What results/ holds checked out: its files and bytes, and its runs."""
+    files = [p for p in Path(results).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    runs = sum(1 for d in Path(results).iterdir() if (d / "run.json").is_file())
+    return (f"results/: {len(files)} files, {size / 2 ** 20:.1f} MiB checked out, "
+            f"{runs} runs")
+
+
 def catalog(results: Path, digests: evidence.DigestCache | None = None) -> list[Run]:
     """Every directory of results/ holding a run.json, oldest first, superseded runs marked;
     `digests` remembers the files' sha256 between calls (evidence.DigestCache)."""

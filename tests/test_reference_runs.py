@@ -45,15 +45,37 @@ def context_of(run_id: str) -> str:
     return evidence.read_json(RESULTS / run_id / "run.json")["context"]
 
 
-# the runs on two H200s (local); the kube run on the test control plane has its own test
-GPU_RUNS = [r for r in FURTHER if context_of(r) == "local"]
+# the runs on real GPUs (local context): none replays (each was recorded by an older guide), each
+# is shown and checked through its evidence (DESIGN.md, Reference runs age)
+GPU_RUNS = [r for r, run in RUNS.items() if run.context == "local" and r != REFERENCE
+            and catalog.host_facts(run.path).get("gpus")]
 CLUSTER_RUNS = [r for r in FURTHER if context_of(r) != "local"]
-KERNEL_RUNS = [r for r in GPU_RUNS if (RESULTS / r / "03_kernel_test" / "result.json").exists()]
-VLLM_RUNS = [r for r in GPU_RUNS if (RESULTS / r / "04_serve" / "vllm_serve.json").exists()]
+# those whose stage passed (a FAILed one is kept as recorded: its page lists the gates)
+KERNEL_RUNS = [r for r in GPU_RUNS if (RESULTS / r / "03_kernel_test" / "result.json").exists()
+               and RUNS[r].stages.get("03_kernel_test") == "PASS"]
+VLLM_RUNS = [r for r in GPU_RUNS if (RESULTS / r / "04_serve" / "vllm_serve.json").exists()
+             and RUNS[r].stages.get("04_serve") == "PASS"]
 
 
 def test_the_gpu_reference_runs_cover_the_kernel_and_vllm():
     assert KERNEL_RUNS and VLLM_RUNS
+
+
+@pytest.mark.parametrize("run_id", GPU_RUNS)
+def test_a_gpu_run_not_replayed_is_shown_through_its_evidence(run_id):
+    """Its page: its level, the guide commit that recorded it, its files checked against
+    SHA256SUMS, and why make test does not replay it."""
+    run = RUNS[run_id]
+    assert not run.replayed
+    facts = dict(appendix.run_facts(run))
+    sha = (run.record.get("guide") or {}).get("git_sha")
+    said = f"`{sha[:12]}`" if sha else "an unrecorded commit"
+    assert facts["level"] == run.level and (sha or "not recorded") in facts["guide"]
+    assert facts["evidence"].endswith(
+        "every file matches SHA256SUMS (written when the run ended; a run whose files changed "
+        "since is never published)") == (evidence.verify(run.path) == [])
+    assert facts["replayed by make test"].startswith(f"no: recorded by the guide at {said}")
+    assert "shown through its evidence" in facts["replayed by make test"]
 
 
 KUBE_RUNS = [r for r in CLUSTER_RUNS if context_of(r) == "kube"]

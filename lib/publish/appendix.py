@@ -224,8 +224,9 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
 
 def not_replayed_said(run: Run) -> str:
     """Why `make test` does not replay a run, and how it is shown instead."""
-    guide = (run.record.get("guide") or {}).get("git_sha") or "an unrecorded commit"
-    return (f"no: recorded by the guide at `{str(guide)[:12]}` (outputs version "
+    sha = (run.record.get("guide") or {}).get("git_sha")
+    guide = f"`{sha[:12]}`" if sha else "an unrecorded commit"
+    return (f"no: recorded by the guide at {guide} (outputs version "
             f"{run.record.get('outputs_version', 1)}), whose stages made other calls than "
             "today's; it is shown through its evidence: its files checked against its "
             "SHA256SUMS (evidence, above), its gates as it recorded them, its tables and plots re-computed from "

@@ -90,6 +90,11 @@ SLURM_CLUSTER_FILES = ("test_slurm_place.py", "test_slurm_engines.py", "test_slu
 # processes end together (measured on a fresh clone: kube 483 s and Slurm 280 s with the faults
 # in the first; the faults ~100 s of it)
 SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES + ("test_kube_faults.py",)
+# make test's third cluster process (marked `cluster_c`): the kube files of the two-node A/Bs and
+# the LeaderWorkerSet, each module with a control plane of its own on free ports, so the kube
+# files' ~580 s on one process are split in two beside the Slurm one
+THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py",
+                       "test_kube_transport_ab.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
 # ~100 down to ~30).
@@ -106,6 +111,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cluster_b: a cluster test of make test's second "
                                        "process (the Slurm files and the kube faults), run "
                                        "beside the first (the other kube files)")
+    config.addinivalue_line("markers", "cluster_c: a cluster test of make test's third "
+                                       "process (the kube A/Bs and the LeaderWorkerSet), run "
+                                       "beside the other two")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -118,3 +126,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         if item.path.name in SECOND_PROCESS_FILES:
             item.add_marker(pytest.mark.cluster_b)
+        if item.path.name in THIRD_PROCESS_FILES:
+            item.add_marker(pytest.mark.cluster_c)

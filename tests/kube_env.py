@@ -34,8 +34,8 @@ from lib.core.door import REPO_ROOT, Door
 from lib.core.stage import Stage
 from lib.engines import server as served
 from lib.measure import agreement, sweep
-from lib.places import kube as kube_place
-from lib.places import manifests
+from lib.places.kube import place as kube_place
+from lib.places.kube import manifests
 from lib.stages import registry
 
 NODES = ("p5en-a", "p5en-b")
@@ -100,7 +100,7 @@ class KubeEnv:
 
     # ---- what the nodes answer -----------------------------------------------------------
     def probes(self, **facts_by_default: Any) -> list[Path]:
-        """Each node's probe pod prints the probe's lines (lib.places.manifests.PROBE_FORMAT)
+        """Each node's probe pod prints the probe's lines (lib.places.kube.manifests.PROBE_FORMAT)
         for the facts given (a node name -> facts mapping under `per_node` overrides)."""
         per_node = facts_by_default.pop("per_node", {})
         paths = []
@@ -212,7 +212,7 @@ def exec_request(method: str, url: str, timeout: float, body: dict | None) -> tu
 
 
 def probe_log(node: str, *, gdrdrv: str | None, efa: int, hugepages_total: int) -> str:
-    """A node probe's output in the probe's own line format (lib.places.manifests.PROBE_FORMAT),
+    """A node probe's output in the probe's own line format (lib.places.kube.manifests.PROBE_FORMAT),
     composed: the facts are this test's, the EFA device names p5en's rdmap pattern."""
     devices = ",".join(f"rdmap{16 + k}s27" for k in range(efa)) or "none"
     return "\n".join([

@@ -21,7 +21,7 @@ except ImportError:
 from lib.core.door import read_transcript
 from lib.core.errors import StageRefused
 from lib.core.stage import REFUSED_GATE
-from lib.places import manifests
+from lib.places.kube import manifests
 from lib.stages import kernel, serve as serve_stage
 from tests import compose
 from tests import kubelet_double as kubelet
@@ -256,7 +256,7 @@ def test_an_apply_whose_answer_was_lost_is_looked_for_not_applied_twice(env, tmp
     followed by `kubectl get -f` (tried until the API server is back), which finds every
     object: not applied a second time."""
     from lib.core.door import Door
-    from lib.places.kube_retry import apply_landed
+    from lib.places.kube.retry import apply_landed
 
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "landed", "namespace": env.namespace,

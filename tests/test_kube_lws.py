@@ -49,7 +49,7 @@ except ImportError:
 from lib.core import evidence
 from lib.core.door import REPO_ROOT
 from lib.core.errors import ReplayMismatch
-from lib.places import manifests as mf
+from lib.places.kube import manifests as mf
 from lib.stages import registry, serve as serve_stage
 from tests import compose
 from tests.kube_env import IMAGE_ID, MODEL_CACHE, KubeEnv

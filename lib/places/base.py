@@ -120,7 +120,7 @@ class ClusterServer(Server):
     def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
                    env: dict[str, str]):
         """One AIPerf cell where this server runs, its files into `out` (a CallResult): its
-        place's `aiperf_beside` (kube: a Job beside the pods, lib.places.manifests.aiperf_job,
+        place's `aiperf_beside` (kube: a Job beside the pods, lib.places.kube.manifests.aiperf_job,
         its files back through its log; slurm: a step of the allocation on node 0, writing on
         the shared file system). The AIPerf env is the place's, not this machine's `env`."""
         return self.place.aiperf_beside(self, argv_for, timeout=timeout, out=out, name=name)
@@ -155,7 +155,7 @@ class RankJob:
 
     `modules`: the guide's files its processes import (paths relative to the repository root,
     packages' __init__.py included), for a place whose nodes do not hold the checkout: the kube
-    place mounts them into every pod (lib.places.kube_files) and puts them on PYTHONPATH. The
+    place mounts them into every pod (lib.places.kube.files) and puts them on PYTHONPATH. The
     local place runs in the checkout and the slurm place's steps start in it (a shared file
     system; pyxis mounts it as the working directory), so both import the guide from there and
     ignore the field."""

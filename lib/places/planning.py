@@ -1,4 +1,4 @@
-"""What the two plans share (lib.places.kube_plan.KubePlan, lib.places.slurm_plan.SlurmPlan; the
+"""What the two plans share (lib.places.kube.plan.KubePlan, lib.places.slurm.plan.SlurmPlan; the
 plan place is lib.places.plan): a place that only plans (`plans_only`), its placeholders said
 once in the transcript, the one reason it gives where it would wait, and the image it plans.
 """

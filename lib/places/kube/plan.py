@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from lib.core.evidence import gate
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 from lib.places.base import ServeSpec
-from lib.places.kube import KubePlace
+from lib.places.kube.place import KubePlace
 from lib.places.planning import Planning, planned_image, tool
 
 PLACEHOLDER_CACHE = "/mnt/instance-store/hf-cache"  # said in the plan: set model_cache_dir

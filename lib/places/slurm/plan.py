@@ -1,5 +1,5 @@
 """The slurm place planning (lib.places.plan: the plan place): the slurm place's own code
-(lib.places.slurm, its serving lib.places.slurm_serve), its effects turned into records: every
+(lib.places.slurm.place, its serving lib.places.slurm.serve), its effects turned into records: every
 sbatch, srun and scancel recorded (`door.plan`), every step's script and each allocation's batch
 script written into the stage's `scripts/` and checked by shellcheck (a gate each); where it
 would wait, it stops with its one SKIP reason.
@@ -13,10 +13,10 @@ from typing import Any
 from lib.core.door import Background, CallResult
 from lib.core.evidence import gate
 from lib.engines import catalog
-import lib.places.batch as batch  # the module, not the package (no cycle through it)
+import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.base import ServeSpec
 from lib.places.planning import Planning, planned_image, tool
-from lib.places.slurm import PROBE_TIMEOUT_S, SlurmPlace, SlurmServer
+from lib.places.slurm.place import PROBE_TIMEOUT_S, SlurmPlace, SlurmServer
 
 SHELLCHECK_TIMEOUT_S = 120.0
 
@@ -99,7 +99,7 @@ class SlurmPlan(Planning, SlurmPlace):
                  base: str) -> str:
         """The wrapper rendered from its normalized words ({run}, {repo}: quoted as words)."""
         norm = self.door.norm
-        return batch.wrapper_script(name, [([norm(str(a)) for a in argv],
+        return sbatch.wrapper_script(name, [([norm(str(a)) for a in argv],
                                              {k: norm(str(v)) for k, v in env.items()})
                                             for argv, env in per_node], norm(base))
 
@@ -111,9 +111,9 @@ class SlurmPlan(Planning, SlurmPlace):
         per_node = next((a.split("=", 1)[1] for a in argv
                          if a.startswith("--ntasks-per-node=")), "1")
         tasks = (f"every task of one MPI world ({per_node} per node)" if "--label" in argv
-                 else "one task on one node")  # lib.places.batch.world_argv labels its tasks
+                 else "one task on one node")  # lib.places.slurm.sbatch.world_argv labels its tasks
         text = (command[2] if command[:2] == ["bash", "-c"] else
-                batch.task_script(label, command, tasks))
+                sbatch.task_script(label, command, tasks))
         self._check_script(label, text, "sh")
         self.door.plan(argv, note=label + (" (left running)" if background else ""))
         self._planned[jobid]["steps"].append((words, background, label))
@@ -121,7 +121,7 @@ class SlurmPlan(Planning, SlurmPlace):
     def _check_script(self, label: str, text: str, ext: str) -> str:
         """`text` (its paths already {run}/{repo}) into scripts/, then shellcheck: a gate."""
         self._files += 1
-        rel = self.stage.write_text(f"scripts/{self._files:02d}-{batch.slug(label)}.{ext}",
+        rel = self.stage.write_text(f"scripts/{self._files:02d}-{sbatch.slug(label)}.{ext}",
                                     text)
         checked = self.door.run([tool("shellcheck"), "-s", "bash",
                                  str(self.stage.run_dir / rel)],
@@ -149,8 +149,8 @@ class SlurmPlan(Planning, SlurmPlace):
             return None
         self._released.add(jobid)
         job = self._planned[jobid]
-        self.door.plan(batch.cancel_argv(jobid), note=f"cancel the allocation: {job['label']}")
-        self._check_script(f"{job['label']} batch", batch.batch_script(
+        self.door.plan(sbatch.cancel_argv(jobid), note=f"cancel the allocation: {job['label']}")
+        self._check_script(f"{job['label']} batch", sbatch.batch_script(
             job["label"], [self.door.norm(a) for a in job["alloc"]], job["steps"], notes=[
                 "a plan: {run} and {repo} stand for the run's folder and the guide's checkout "
                 "on the file system the nodes share"]), "sbatch")

@@ -12,7 +12,7 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
 - `serve(spec)`: one allocation (the same holder) sized for the serve (the stage's `nodes` for
   vLLM, one node for transformers serve), then the server as steps inside it, each started
   through `door.start` (its srun is the door's handle; its whole output the stage's log):
-  `srun --jobid J --overlap -N1 -n1 --nodelist <node>` (lib.places.batch.task_argv) running
+  `srun --jobid J --overlap -N1 -n1 --nodelist <node>` (lib.places.slurm.sbatch.task_argv) running
   `transformers serve` (lib.engines.transformers.serve_argv) on node 0, or vLLM's leader on
   node 0 and a headless worker on every other node (lib.engines.vllm, the engine's roles
   leader/worker, DP = nodes x GPUs per node, one step per node). Ready by the local place's
@@ -39,8 +39,8 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
 
 SlurmServing asks the place for its allocation (`_allocate`, `_nodes_of`, `release`), its
 steps (`_start_step`, `_run_step`, `_steps_gone`, `_cancel_steps`) and its parameters
-(`_image`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm's, or a plan's
-(lib.places.slurm_plan), whose effects are records.
+(`_image`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm.place's, or a plan's
+(lib.places.slurm.plan), whose effects are records.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from lib.engines import (catalog, nccl_logs, server as served, transformers, vll
                          vllm_server)
 from lib.engines.transport import unset_vars
 from lib.engines.base import EngineSpec
-import lib.places.batch as batch  # the module, not the package (no cycle through it)
+import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.base import ClusterServer, ServeSpec, saved_model_config
 from lib.places.cluster import (AIPERF_ENV, AIPERF_IN_IMAGE, CONFIG_SCRIPT, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, settings_gates,
@@ -198,7 +198,7 @@ class SlurmServing:
             server.tokenizer_revision = spec.model.get("revision") or None
         server.host = node_address(held.info, held.names[0])
         here = this_host(server.host)
-        server.port = door.free_port() if here else batch.SERVE_PORT + slot
+        server.port = door.free_port() if here else sbatch.SERVE_PORT + slot
         failed = False
 
         def backstop() -> None:
@@ -265,9 +265,9 @@ class SlurmServing:
         if not self.stage.replay and not self.plans_only:
             # transformers 5.17 answers /v1/models with 500 unless the hub cache folder exists
             (transformers.HF_HOME / "hub").mkdir(parents=True, exist_ok=True)
-        name = f"guide-{self.stage.name}-{batch.slug(server.log_path.stem)}"
+        name = f"guide-{self.stage.name}-{sbatch.slug(server.log_path.stem)}"
         server.step_names = [name]
-        return [(server.nodes[0], batch.task_argv(
+        return [(server.nodes[0], sbatch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=name,
             time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
             env=env, **self._in_image()), server.log_path)]
@@ -279,7 +279,7 @@ class SlurmServing:
         SGLang's node ranks)."""
         cache = self.spec.model_cache_dir
         nodes = len(server.nodes)
-        rpc = self.door.free_port() if here else batch.DP_RPC_PORT + slot
+        rpc = self.door.free_port() if here else sbatch.DP_RPC_PORT + slot
         stem = server.log_path.stem
         steps = []
         for ordinal, node in enumerate(server.nodes):
@@ -291,11 +291,11 @@ class SlurmServing:
                 env["HF_HOME"] = cache
             if ordinal == 0:
                 server.argv, server.env = list(argv), dict(env)
-            name = f"guide-{self.stage.name}-{batch.slug(stem)}-node{ordinal}"
+            name = f"guide-{self.stage.name}-{sbatch.slug(stem)}-node{ordinal}"
             server.step_names.append(name)
             log_path = server.log_path if ordinal == 0 else server.log_path.with_name(
                 f"{stem}-node{ordinal}.log")
-            steps.append((node, batch.task_argv(
+            steps.append((node, sbatch.task_argv(
                 jobid=server.jobid, node=node, name=name,
                 time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
                 env=env, unset=unset_vars(self.transport_of(spec)), gpus_per_node=gpus,
@@ -316,7 +316,7 @@ class SlurmServing:
     def _world_step(self, spec: ServeSpec, server: SlurmServer, python: str,
                     gpus: int) -> list[tuple]:
         """An engine launched as one MPI world (lib.engines.base `launch`: TensorRT-LLM): one
-        step over every node, a task per GPU (lib.places.batch.world_argv, Slurm's `slurm_mpi`
+        step over every node, a task per GPU (lib.places.slurm.sbatch.world_argv, Slurm's `slurm_mpi`
         plugin its wiring), every task the engine's 'task' command; task 0 serves HTTP on node
         0 (trtllm-llmapi-launch makes rank 0 the server), every task's output in the one log,
         labelled with its rank."""
@@ -325,9 +325,9 @@ class SlurmServing:
         if self.spec.model_cache_dir:
             env["HF_HOME"] = self.spec.model_cache_dir
         server.argv, server.env = list(argv), dict(env)
-        name = f"guide-{self.stage.name}-{batch.slug(server.log_path.stem)}-world"
+        name = f"guide-{self.stage.name}-{sbatch.slug(server.log_path.stem)}-world"
         server.step_names.append(name)
-        return [(",".join(server.nodes), batch.world_argv(
+        return [(",".join(server.nodes), sbatch.world_argv(
             jobid=server.jobid, nodes=server.nodes, name=name,
             time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv, env=env,
             unset=unset_vars(self.transport_of(spec)), tasks_per_node=gpus,
@@ -447,7 +447,7 @@ class SlurmServing:
             return served.read_model_config(self.stage, model["model_dir"])
         cache = self.spec.model_cache_dir
         env = {"HF_HUB_OFFLINE": "1", **({"HF_HOME": cache} if cache else {})}
-        call = self._run_step(batch.task_argv(
+        call = self._run_step(sbatch.task_argv(
             jobid=server.jobid, node=server.nodes[0],
             name=f"guide-{self.stage.name}-model-config",
             time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT),
@@ -470,11 +470,11 @@ class SlurmServing:
         env = {**sweep.aiperf_env(stage.path(sweep.MMAP_FOLDER)), **extra}
         if server.tokenizer_revision and self.spec.model_cache_dir:
             env["HF_HOME"] = self.spec.model_cache_dir  # the engine's cache: its tokenizer there
-        base = stage.path(f"{batch.slug(name)}-{server.jobid}")
-        step_name = f"guide-{stage.name}-{batch.slug(name)}"
+        base = stage.path(f"{sbatch.slug(name)}-{server.jobid}")
+        step_name = f"guide-{stage.name}-{sbatch.slug(name)}"
         if not stage.replay and not self.plans_only:
             out.mkdir(parents=True, exist_ok=True)
-        call = self._run_step(batch.task_argv(
+        call = self._run_step(sbatch.task_argv(
             jobid=server.jobid, node=server.nodes[0], name=step_name,
             time_min=self.spec.time_limit_min, chdir=str(REPO_ROOT), argv=argv,
             env=env, output=f"{base}.out", error=f"{base}.err", **self._in_image()),

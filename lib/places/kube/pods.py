@@ -1,4 +1,4 @@
-"""Reading what kubectl says of pods and nodes, for the kube place (lib.places.kube): pure
+"""Reading what kubectl says of pods and nodes, for the kube place (lib.places.kube.place): pure
 functions of the JSON `kubectl get ... -o json` prints (a pod's trouble in its status' own
 words: a waiting reason it will not get past, OOMKilled, Evicted; a node's Ready condition),
 the names and selectors of the objects a stage applies, and a serve's handle (KubeServer) with
@@ -14,7 +14,7 @@ from typing import Any
 from lib.core.door import HttpResult
 from lib.core.errors import NotScheduled
 from lib.places.base import ClusterServer
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 
 
 POLL_S = 2.0  # between two looks at a pod's status (the kube place's waits)
@@ -108,7 +108,7 @@ def stage_selector(run_id: str, stage: str) -> str:
 
 
 def probe_facts(probe: dict) -> dict[str, Any]:
-    """A node probe's findings (lib.places.manifests.parse_probe_log), in 00's keys."""
+    """A node probe's findings (lib.places.kube.manifests.parse_probe_log), in 00's keys."""
     gdrdrv = probe.get("gdrdrv")
     return {"gdrdrv_version": None if gdrdrv in (None, "absent", "unreadable") else gdrdrv,
             "efa_devices": list(probe.get("efa_devices") or []),

@@ -1,7 +1,7 @@
 """The kube place: a Kubernetes cluster through kubectl (`kube_context`, `namespace`).
 
 Every call is the real `kubectl` through the door (recorded, replayable): nothing here talks to
-the API server on its own. Objects are rendered as data by lib.places.manifests from the
+the API server on its own. Objects are rendered as data by lib.places.kube.manifests from the
 stage's parameters and the one vLLM argv/env builder, written into the stage's folder
 (`manifests/<name>.yaml`, the evidence of what was applied) and applied with `kubectl apply -f`.
 
@@ -11,7 +11,7 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
 - `run_ranks(job)`: one pod per node behind a headless Service (rank 0 the rendezvous), every
   pod's exit code and whole log (`kubectl logs`); the guide's files the job's processes import
   (`job.modules`: the image holds no `lib/`) in the job's ConfigMap, mounted into every pod
-  (lib.places.kube_files).
+  (lib.places.kube.files).
 - `serve(spec)`: the engine as a StatefulSet with a headless Service for rank discovery and a
   Service that selects only the leader for HTTP, or (kube_workload leaderworkerset) as one
   LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
@@ -19,9 +19,9 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   pod's log saved whole and gated (lib.places.cluster: backend, EP split, EFA on every rank,
   settings). Requests reach the server from inside the cluster (`kubectl exec`), never here.
 - its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve's leader, its files back
-  through its log (lib.places.kube_aiperf).
+  through its log (lib.places.kube.aiperf).
 
-kubectl's JSON of pods and nodes is read by lib.places.kube_pods (pure); what this place shares
+kubectl's JSON of pods and nodes is read by lib.places.kube.pods (pure); what this place shares
 with the slurm place (the pinned model, the log gates, the deadline loop) is lib.places.cluster.
 
 A pod that cannot be scheduled FAILs with the scheduler's own reason after `schedule_timeout_s`.
@@ -37,21 +37,21 @@ from typing import Any, Iterator
 
 from lib.core.errors import NotScheduled, PlaceError, Unsupported
 from lib.core.evidence import gate, skip
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
-from lib.places.kube_aiperf import KubeAiperf
-from lib.places.kube_files import guide_files
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+from lib.places.kube.aiperf import KubeAiperf
+from lib.places.kube.files import guide_files
 from lib.places.base import (NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
                              saved_model_config)
 from lib.places.cluster import (DEEPEP_IN_IMAGE, first_rank_gate,
                                 gate_adder, pinned_model, serve_gates, settings_gates, wait_until)
 from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
-from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
-from lib.places.kube_pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
+from lib.places.kube.pods import KubeServer  # the serve's handle, with its requests
+from lib.places.kube.pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
                                   failed_creations, held_gate, is_finished, is_ready,
                                   node_facts, object_name, phase_of, pod_record, probe_facts,
                                   stage_selector, stuck_reason, trouble, unschedulable, where_pod)
-from lib.places.kube_retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
-from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
+from lib.places.kube.retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
+from lib.places.kube.pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
 
 KUBECTL_TIMEOUT_S = 120.0
 # A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
@@ -81,7 +81,7 @@ class KubePlace(KubeAiperf, Place):
 
     def _run(self, *args: str, timeout: float = KUBECTL_TIMEOUT_S):
         """One kubectl call; a read or a delete tried again while the API server does not
-        answer (lib.places.kube_retry says which calls are safe to retry, and why), once it
+        answer (lib.places.kube.retry says which calls are safe to retry, and why), once it
         has answered in this stage: a cluster that never answered is refused at its first call."""
         if args and args[0] in SAFE_VERBS:
             call = run_retrying(self.door, self.kubectl(*args), timeout=timeout,
@@ -357,7 +357,7 @@ class KubePlace(KubeAiperf, Place):
 
     @contextmanager
     def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:
-        """The serve as a StatefulSet (lib.places.manifests.vllm_objects) or, with
+        """The serve as a StatefulSet (lib.places.kube.manifests.vllm_objects) or, with
         kube_workload leaderworkerset, as one LeaderWorkerSet group (leaderworkerset_objects:
         the cluster's LWS controller makes its pods); ready when the leader's probe holds; every
         pod's log kept and gated; deleted when the block ends (unless `keep`, then the next

@@ -1,4 +1,4 @@
-"""AIPerf as a Job beside a kube serve (lib.places.kube's half that measures): one Job per cell
+"""AIPerf as a Job beside a kube serve (lib.places.kube.place's half that measures): one Job per cell
 against the leader's Service, on the leader's node with its model cache mounted read-only, so a
 hub model's tokenizer is read from the files the engine downloaded there (a cluster's pods
 cannot reach the hub: AIPerf runs cache-only at the pinned revision, lib.measure.sweep); what
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 import lib.places.stream as stream
 from lib.core.door import CallResult
 from lib.core.errors import StreamError
 from lib.places.cluster import AIPERF_ENV, AIPERF_IN_IMAGE, wait_until
-from lib.places.kube_pods import (POLL_S, KubeServer, exit_code, is_finished, object_name,
+from lib.places.kube.pods import (POLL_S, KubeServer, exit_code, is_finished, object_name,
                                   unschedulable)
 
 

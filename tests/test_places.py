@@ -159,7 +159,7 @@ def test_places_that_are_not_built_say_so_in_one_reason(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))  # no Slurm answers
     # sinfo retries a missing configuration for 60 s: the place's query timeout ends it sooner
-    monkeypatch.setattr("lib.places.slurm.place.QUERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("lib.places.slurm.waits.QUERY_TIMEOUT_S", 3.0)
     stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "slurm"}),
                   tmp_path, Door(tmp_path, "03_kernel_test"), None)
     # no image, no venv: a SKIP once the cluster answered (test_slurm_place); here none does,

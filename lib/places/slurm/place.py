@@ -44,6 +44,7 @@ code, its effects turned into records.
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -52,26 +53,25 @@ from lib.core.errors import NotAllocated, PlaceError, Unsupported
 from lib.core.evidence import gate
 import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.slurm import parse
-from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob
-from lib.places.cluster import DEEPEP_IN_IMAGE, wait_until
+from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec
+from lib.places.cluster import DEEPEP_IN_IMAGE
 from lib.places.instances import INSTANCE_TYPES
-from lib.places.slurm.serve import (SlurmServer, SlurmServing, _Held,  # noqa: F401
-                                    node_address, this_host)
+from lib.places.slurm import aiperf, waits
+from lib.places.slurm.serve import SlurmServer, SlurmServing, node_address, this_host
 
-SUBMIT_TIMEOUT_S = 60.0  # sbatch, scancel: they return once slurmctld answers
-QUERY_TIMEOUT_S = 30.0  # sinfo, squeue, scontrol
 PROBE_TIMEOUT_S = 300.0  # the node probe step
-RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillWait, epilogs)
-POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
-STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
-FATE_TIMEOUT_S = 30.0  # a failed step's job until it leaves COMPLETING (KillWait, epilogs)
 # job states in which Slurm, not the ranks, ended the job (squeue(1)'s JOB STATE CODES)
 SLURM_ENDED = ("BOOT_FAIL", "DEADLINE", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "REQUEUED",
                "REQUEUE_FED", "REQUEUE_HOLD", "TIMEOUT")
 NODE_OUT = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")  # scontrol's node states out of service
 
 
-class SlurmPlace(SlurmServing, Place):
+class SlurmPlace(Place):
+    """The slurm place (see the module's docstring). Its allocations and steps are its own
+    methods, which its plan (lib.places.slurm.plan.SlurmPlan) overrides with records; its
+    serving is the SlurmServing it holds (`serving`, lib.places.slurm.serve), which runs in
+    them; AIPerf's step is lib.places.slurm.aiperf's; the waits that poll Slurm are
+    lib.places.slurm.waits'."""
     kind = "slurm"
     what = "the slurm place (Slurm through sbatch/srun)"
     engines = ("transformers", "vllm", "sglang", "trtllm")
@@ -83,7 +83,7 @@ class SlurmPlace(SlurmServing, Place):
         super().__init__(stage, spec)
         self._rows: list[dict[str, Any]] | None = None
         self._released: set[str] = set()
-        self._serving: _Held | None = None
+        self.serving = SlurmServing(self)  # the serves' allocation and steps (serve.py)
         self.jobs: list[str] = []  # every job id this place submitted, in order
         self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
 
@@ -148,7 +148,7 @@ class SlurmPlace(SlurmServing, Place):
         return f"slurm partition {partition!r}" if partition else "slurm's default partition"
 
     def _query(self, argv: list[str]) -> CallResult:
-        call = self.door.run(argv, timeout=QUERY_TIMEOUT_S, check=False)
+        call = self.door.run(argv, timeout=waits.QUERY_TIMEOUT_S, check=False)
         if call.rc == 127:
             raise PlaceError(self.where(), "Slurm's clients (sinfo, sbatch, srun, squeue, "
                              "scontrol, scancel) are not on this machine", call)
@@ -281,7 +281,7 @@ class SlurmPlace(SlurmServing, Place):
                 cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus,
                 **self._in_image()), timeout=timeout, label=f"{job.name} on {job.nodes} node(s)")
             # Slurm's account, read before the guide's scancel makes every job CANCELLED
-            fate = None if call.ok or call.timed_out else self._job_fate(jobid, names)
+            fate = None if call.ok or call.timed_out else waits.job_fate(self.door, jobid, names)
         except NotAllocated as why:
             return self._never_ran(job, str(why), why.timed_out)
         finally:
@@ -311,28 +311,6 @@ class SlurmPlace(SlurmServing, Place):
                                 err if err is not None else call.stderr,
                                 call.timed_out and rc != 0, streams + [srun_stream]))
         return runs
-
-    def _job_fate(self, jobid: str, names: list[str]) -> dict[str, Any]:
-        """After a step ended non-zero: the job as slurmctld says it once it has left
-        COMPLETING (a node failure or a preemption requeues it: PENDING, Restarts counted; a
-        time limit: TIMEOUT) and each of its nodes' State and Reason. scontrol, not sacct:
-        sacct needs the cluster's accounting (the test Slurm has none: 'Slurm accounting
-        storage is disabled'); scontrol answers on every cluster while slurmctld keeps the job
-        (MinJobAge s after it ends)."""
-        def look(elapsed) -> tuple[bool, dict[str, str]]:
-            call = self.door.run(sbatch.show_job_argv(jobid), timeout=QUERY_TIMEOUT_S,
-                                 check=False)
-            job = parse.parse_scontrol(call.stdout) if call.ok else {}
-            return job.get("JobState") != "COMPLETING", job
-
-        job = wait_until(self.door, look, FATE_TIMEOUT_S, poll_s=POLL_FIRST_S, max_poll_s=1.0)
-        shown = self.door.run(sbatch.show_node_argv(",".join(names)), timeout=QUERY_TIMEOUT_S,
-                              check=False)
-        nodes = {raw["NodeName"]: {"state": raw.get("State", "?"),
-                                   "reason": raw.get("Reason", "")}
-                 for raw in map(parse.parse_scontrol, shown.stdout.splitlines())
-                 if "NodeName" in raw}
-        return {"job": job or {}, "nodes": nodes}
 
     def _add_fate_gate(self, label: str, jobid: str, fate: dict[str, Any], runs: list[NodeRun],
                        srun_stderr: str) -> None:
@@ -374,8 +352,8 @@ class SlurmPlace(SlurmServing, Place):
     # ---- one allocation -----------------------------------------------------------------------
     def _allocate(self, label: str, nodes: int, gpus: int) -> str:
         """Submit the allocation; its job id (cancelled at the latest when the stage ends)."""
-        call = self.door.run(self._alloc_argv(label, nodes, gpus), timeout=SUBMIT_TIMEOUT_S,
-                             check=False)
+        call = self.door.run(self._alloc_argv(label, nodes, gpus),
+                             timeout=waits.SUBMIT_TIMEOUT_S, check=False)
         jobid = call.stdout.strip().split(";")[0] if call.ok else ""
         if not jobid.isdigit():
             raise NotAllocated(f"sbatch refused the allocation of {nodes} node(s) (rc "
@@ -391,35 +369,11 @@ class SlurmPlace(SlurmServing, Place):
             time_min=self.spec.time_limit_min, partition=self.spec.partition,
             account=self.spec.account, gpus_per_node=gpus)
 
-    def _wait_running(self, jobid: str) -> str:
-        """The job's nodelist once it runs; NotAllocated when it ends first or is still not
-        running after `schedule_timeout_s` (the caller cancels it)."""
-        limit = float(self.spec.schedule_timeout_s)
-        last = "not yet in squeue"
-
-        def look(elapsed) -> tuple[bool, str | None]:
-            nonlocal last
-            call = self.door.run(sbatch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-            got = parse.parse_queue(call.stdout) if call.ok else None
-            if got and got[0] == "RUNNING" and got[2]:
-                return True, got[2]
-            if got is None and (call.ok or "Invalid job id" in call.stderr):
-                raise NotAllocated(f"job {jobid} left the queue before it ran ({last})")
-            if got is not None:
-                if got[0] not in STARTING and got[0] != "RUNNING":
-                    raise NotAllocated(f"job {jobid} is {got[0]} ({got[1]}) before it ran")
-                last = f"{got[0]}, reason {got[1]}"
-            return False, None
-
-        nodelist = wait_until(self.door, look, limit, poll_s=POLL_FIRST_S, max_poll_s=POLL_MAX_S)
-        if nodelist is None:
-            raise NotAllocated(f"job {jobid} was not running after schedule_timeout_s = "
-                               f"{limit:g} s ({last}); cancelled", timed_out=True)
-        return nodelist
-
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
-        """The allocation's nodes once it runs (NotAllocated when it does not)."""
-        return self._allocated_nodes(self._wait_running(jobid))
+        """The allocation's nodes once it runs (NotAllocated when it does not, or is still not
+        running after `schedule_timeout_s`)."""
+        return self._allocated_nodes(waits.wait_running(self.door, jobid,
+                                                        float(self.spec.schedule_timeout_s)))
 
     def _wrapper(self, name: str, per_node: list[tuple[list[str], dict[str, str]]],
                  base: str) -> str:
@@ -449,47 +403,28 @@ class SlurmPlace(SlurmServing, Place):
         if jobid in self._released:
             return None
         self._released.add(jobid)
-        self.door.run(sbatch.cancel_argv(jobid), timeout=SUBMIT_TIMEOUT_S, check=False)
+        self.door.run(sbatch.cancel_argv(jobid), timeout=waits.SUBMIT_TIMEOUT_S, check=False)
+        return waits.wait_gone(self.door, jobid)
 
-        def look(elapsed) -> tuple[bool, bool]:
-            call = self.door.run(sbatch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-            gone = parse.parse_queue(call.stdout) is None and (call.ok or "Invalid job id"
-                                                               in call.stderr)
-            return gone, gone
+    # ---- serving (lib.places.slurm.serve, lib.places.slurm.aiperf) -----------------------------
+    def model(self, engine: str, announce: bool = False):
+        """The model to serve and the gate of how it was had (SlurmServing.model)."""
+        return self.serving.model(engine, announce)
 
-        return wait_until(self.door, look, RELEASE_TIMEOUT_S, poll_s=POLL_FIRST_S,
-                          max_poll_s=POLL_MAX_S)
+    def serve(self, spec: ServeSpec) -> AbstractContextManager[SlurmServer]:
+        """The server as steps of an allocation (SlurmServing.serve)."""
+        return self.serving.serve(spec)
 
-    def _steps(self, jobid: str) -> list[tuple[str, str]] | None:
-        """The job's steps (id, name) in `squeue -s`; [] once the job is gone, None when squeue
-        could not say."""
-        call = self.door.run(sbatch.steps_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-        if call.ok:
-            return parse.parse_steps(call.stdout)
-        return [] if "Invalid job id" in call.stderr else None
+    def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
+        """Until the server answers, then its logs gated (SlurmServing.wait_ready); a plan
+        stops here."""
+        self.serving.wait_ready(server, spec, add, started)
 
-    def _cancel_steps(self, jobid: str, names: list[str]) -> None:
-        """scancel the steps of the job named `names` (a step whose srun was ended, or timed
-        out, may outlive it)."""
-        for step, name in self._steps(jobid) or []:
-            if name in names:
-                self.door.run(sbatch.cancel_argv(step), timeout=SUBMIT_TIMEOUT_S, check=False)
+    def read_model_config(self, server, model: dict[str, Any]):
+        """The served model's config.json (SlurmServing.read_model_config)."""
+        return self.serving.read_model_config(server, model)
 
-    def _steps_gone(self, jobid: str, names: list[str]) -> list[str] | None:
-        """Until no step named `names` is left in `squeue -s` (each one still there cancelled
-        by its id, once): the ones left at the deadline ([] when gone; None when squeue could
-        not say)."""
-        deadline = self.door.now() + RELEASE_TIMEOUT_S
-        delay, cancelled = POLL_FIRST_S, False
-        while True:
-            steps = self._steps(jobid)
-            left = None if steps is None else sorted(s for s, n in steps if n in names)
-            if not left or self.door.now() > deadline:
-                return left
-            if left and not cancelled:  # its srun is gone, the step not yet: ended by its id
-                for step in left:
-                    self.door.run(sbatch.cancel_argv(step), timeout=SUBMIT_TIMEOUT_S,
-                                  check=False)
-                cancelled = True
-            self.door.sleep(delay)
-            delay = min(delay * 2, POLL_MAX_S)
+    def aiperf_beside(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
+                      name: str) -> CallResult:
+        """One AIPerf cell as a step of the server's allocation (lib.places.slurm.aiperf)."""
+        return aiperf.aiperf_beside(self, server, argv_for, timeout=timeout, out=out, name=name)

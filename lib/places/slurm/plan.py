@@ -1,5 +1,6 @@
-"""The slurm place planning (lib.places.plan: the plan place): the slurm place's own code
-(lib.places.slurm.place, its serving lib.places.slurm.serve), its effects turned into records: every
+"""The slurm place planning (the plan place, lib.places.planning): the slurm place's own code
+(SlurmPlan is a SlurmPlace, serving through the same lib.places.slurm.serve), its effects
+turned into records: every
 sbatch, srun and scancel recorded (`door.plan`), every step's script and each allocation's batch
 script written into the stage's `scripts/` and checked by shellcheck (a gate each); where it
 would wait, it stops with its one SKIP reason.
@@ -16,12 +17,13 @@ from lib.engines import catalog
 import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.base import ServeSpec
 from lib.places.planning import Planning, planned_image, tool
-from lib.places.slurm.place import PROBE_TIMEOUT_S, SlurmPlace, SlurmServer
+from lib.places.slurm.place import PROBE_TIMEOUT_S, SlurmPlace
+from lib.places.slurm.serve import SlurmServer
 
 SHELLCHECK_TIMEOUT_S = 120.0
 
 
-class SlurmPlan(Planning, SlurmPlace):
+class SlurmPlan(SlurmPlace):
     """The slurm place's own code, planning: every sbatch, srun and scancel recorded
     (`door.plan`), every step's script and each allocation's batch script written into the
     stage's `scripts/` and checked by shellcheck (a gate each); nothing submitted, nothing
@@ -31,14 +33,18 @@ class SlurmPlan(Planning, SlurmPlace):
     What a plan cannot know is a placeholder, said once in the transcript (`# ...`): the job
     ids (`<job-N>`), the nodes (`node-0`, ... as their names and addresses), the image when
     neither `image` nor `venv` is given (02's tag for these pins), and, in the written scripts,
-    the run's folder and the checkout (`{run}`, `{repo}`: on the shared file system)."""
-    target = "slurm"
-    verb, past = "submits", "submitted"
-    kept = ("the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines in "
-            "the transcript")
+    the run's folder and the checkout (`{run}`, `{repo}`: on the shared file system). What it
+    says as it plans is its `planning` (lib.places.planning.Planning)."""
+    kind = "plan"
+    plans_only = True
 
     def __init__(self, stage, spec=None):
         super().__init__(stage, spec)
+        self.planning = Planning(
+            self.door, target="slurm", verb="submits", past="submitted",
+            kept="the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines "
+                 "in the transcript")
+        self.what = self.planning.what
         self._planned: dict[str, dict[str, Any]] = {}  # job id -> its label, sbatch, steps
         self._files = 0
 
@@ -47,8 +53,8 @@ class SlurmPlan(Planning, SlurmPlace):
         image = super()._image()
         if not image and not self.spec.venv:
             image = planned_image(self.stage)
-            self._note(f"image: {image} (02's tag for these pins; give -p image "
-                       "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
+            self.planning.note(f"image: {image} (02's tag for these pins; give -p image "
+                               "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
         return image
 
     def gpus(self) -> int:
@@ -57,9 +63,10 @@ class SlurmPlan(Planning, SlurmPlace):
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
         nodes = int(self._planned[jobid]["nodes"])
         names = [f"node-{k}" for k in range(nodes)]
-        self._note("nodes: node-0, node-1, ... stand for the nodes Slurm allocates, in node-rank "
-                   "order (scontrol show hostnames names them; their NodeAddr is node 0's "
-                   "address)")
+        self.planning.note(
+            "nodes: node-0, node-1, ... stand for the nodes Slurm allocates, in node-rank "
+            "order (scontrol show hostnames names them; their NodeAddr is node 0's "
+            "address)")
         return names, {n: {"node_addr": n} for n in names}
 
     def host_facts(self) -> list[dict[str, Any]]:
@@ -72,7 +79,7 @@ class SlurmPlan(Planning, SlurmPlace):
                            timeout=PROBE_TIMEOUT_S, label="the node probe")
         finally:
             self.release(jobid)
-        raise self._not_run("the node probe")  # pragma: no cover (_run_step raised)
+        raise self.planning.not_run("the node probe")  # pragma: no cover (_run_step raised)
 
     def model(self, engine: str, announce: bool = False):
         if engine in self.engines and not catalog.engine(engine).expert_parallel:
@@ -81,14 +88,14 @@ class SlurmPlan(Planning, SlurmPlace):
                             str(self.spec.seed), "--layers", str(self.spec.model_layers)],
                            note="the seeded model, built where the guide runs, into the "
                                 "checkout's .cache/ on the shared file system")
-            raise self._not_run("building the seeded model")
+            raise self.planning.not_run("building the seeded model")
         return super().model(engine, announce)
 
     # ---- effects turned into records ------------------------------------------------------
     def _allocate(self, label: str, nodes: int, gpus: int) -> str:
         argv = self._alloc_argv(label, nodes, gpus)
         jobid = f"<job-{len(self.jobs) + 1}>"
-        self._note("<job-N>: the job id sbatch --parsable prints for the N-th allocation")
+        self.planning.note("<job-N>: the job id sbatch --parsable prints for the N-th allocation")
         self.door.plan(argv, note=f"allocate {nodes} node(s): {label}")
         self.jobs.append(jobid)
         self._planned[jobid] = {"label": label, "nodes": nodes, "alloc": argv, "steps": []}
@@ -133,15 +140,15 @@ class SlurmPlan(Planning, SlurmPlace):
 
     def _run_step(self, argv: list[str], *, timeout: float, label: str) -> CallResult:
         self._record_step(argv, label, background=False)
-        raise self._not_run(label)
+        raise self.planning.not_run(label)
 
     def _start_step(self, argv: list[str], *, log_path: Path, label: str) -> Background | None:
         self._record_step(argv, label, background=True)
         return None
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
-        raise self._not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) (its "
-                            "readiness, its answers, AIPerf)")
+        raise self.planning.not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) (its "
+                                    "readiness, its answers, AIPerf)")
 
     def release(self, jobid: str) -> bool | None:
         """scancel recorded; the allocation's batch script written and checked."""

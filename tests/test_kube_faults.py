@@ -251,9 +251,9 @@ def test_the_api_server_restarting_while_a_stage_waits_is_retried_within_its_dea
 
 
 def test_an_apply_whose_answer_was_lost_is_looked_for_not_applied_twice(env, tmp_path):
-    """kube_retry.apply_landed against the real plane: the file's objects are there (an apply
-    that landed), the API server is down when it is applied again; the refused apply is
-    followed by `kubectl get -f` (tried until the API server is back), which finds every
+    """lib.places.kube.retry.apply_landed against the real plane: the file's objects are there
+    (an apply that landed), the API server is down when it is applied again; the refused apply
+    is followed by `kubectl get -f` (tried until the API server is back), which finds every
     object: not applied a second time."""
     from lib.core.door import Door
     from lib.places.kube.retry import apply_landed

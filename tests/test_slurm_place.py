@@ -1,4 +1,4 @@
-"""The slurm place (lib.places.slurm.place, lib.places.batch) on a real two-node Slurm on this host
+"""The slurm place (lib.places.slurm) on a real two-node Slurm on this host
 (tests/slurmlocal.py): stage 00's probe of both nodes, stage 03's torch benchmark across them
 (gloo, one rank per node, the rendezvous on n1) and its replay, a node killed mid-run, a step
 that times out, an interrupted run; stage 04 with `transformers serve` as a step of an

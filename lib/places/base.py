@@ -19,7 +19,7 @@ its allocation), its files into `out`, a CallResult back; lib.measure.sweep reac
 through it. `argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of
 AIPerf's argv.
 
-A place that only plans (`plans_only`: the plans of lib.places.plan) runs nothing: its door
+A place that only plans (`plans_only`: the plans, lib.places.planning) runs nothing: its door
 records what the place it plans for would run.
 
 A place is handed typed values, never a parameter by its name: a PlaceSpec (every value of the
@@ -225,7 +225,7 @@ class Place:
     kind = "?"
     what = "this place"
     # whether this place only plans: its door records what would run, nothing is run (the
-    # plans of lib.places.plan); lib.places.plans(spec) reads it
+    # plans, lib.places.planning); lib.places.plans(spec) reads it
     plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True

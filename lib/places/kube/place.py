@@ -17,12 +17,14 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
   LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
   `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds; every
   pod's log saved whole and gated (lib.places.cluster: backend, EP split, EFA on every rank,
-  settings). Requests reach the server from inside the cluster (`kubectl exec`), never here.
+  settings; lib.places.kube.serve). Requests reach the server from inside the cluster (`kubectl
+  exec`), never here.
 - its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve's leader, its files back
   through its log (lib.places.kube.aiperf).
 
-kubectl's JSON of pods and nodes is read by lib.places.kube.pods (pure); what this place shares
-with the slurm place (the pinned model, the log gates, the deadline loop) is lib.places.cluster.
+kubectl's JSON of pods and nodes is read by lib.places.kube.pods (pure); the waits on it are
+lib.places.kube.waits; what this place shares with the slurm place (the pinned model, the log
+gates, the deadline loop) is lib.places.cluster.
 
 A pod that cannot be scheduled FAILs with the scheduler's own reason after `schedule_timeout_s`.
 Every object carries the run's label; a stage deletes what it applied when it ends (unless

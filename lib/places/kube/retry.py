@@ -1,4 +1,4 @@
-"""kubectl calls that outlive an API server restart, for the kube place (lib.places.kube.place).
+"""kubectl calls that outlive an API server restart, for the kube place (lib.places.kube).
 
 An API server restarts under a stage: an EKS control-plane update rolls its instances, a
 self-managed one is restarted for a flag. For those seconds kubectl cannot connect and says so

@@ -1,5 +1,5 @@
-"""Reading what Slurm and the node probe print back, for the slurm place (lib.places.slurm.place):
-pure parsers of sinfo's, scontrol's and squeue's lines, of srun's report of its tasks and
+"""Reading what Slurm and the node probe print back, for the slurm place (lib.places.slurm): pure
+parsers of sinfo's, scontrol's and squeue's lines, of srun's report of its tasks and
 slurmstepd's CANCELLED lines, of a wrapper's `.rc` file, and of the node probe's `probe:` lines
 (the probe script itself, and every argv, is lib.places.slurm.sbatch's).
 """

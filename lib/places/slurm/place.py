@@ -2,7 +2,8 @@
 call through the door (`partition`, `account`, `time_limit_min`, `schedule_timeout_s`,
 `job_timeout_s`; the software from `image` through pyxis, or from `venv`).
 
-What it runs (the argv and scripts: lib.places.batch):
+What it runs (the argv and scripts: lib.places.slurm.sbatch; what comes back is read by
+lib.places.slurm.parse; the waits on squeue and scontrol are lib.places.slurm.waits):
 
 - every multi-node piece of work is one allocation: `sbatch --parsable` of a holder over
   `nodes` whole nodes, one task per node (its job id comes back at once, so it is always known
@@ -15,8 +16,8 @@ What it runs (the argv and scripts: lib.places.batch):
   none, `--kill-on-bad-exit=1` ends the others as soon as one node fails (no node left waiting
   in a rendezvous until its timeout), and there is one process to wait on and time out;
 - `host_facts()`: the partition's nodes from `sinfo -N`, then an allocation and one probe step
-  (lib.places.slurm.sbatch.PROBE_SCRIPT, on the nodes themselves: the kernel's, /proc's and /sys's
-  facts are the host's) and `scontrol -o show node <nodelist>` for the allocated nodes;
+  (lib.places.slurm.sbatch.PROBE_SCRIPT, on the nodes themselves: the kernel's, /proc's and
+  /sys's facts are the host's) and `scontrol -o show node <nodelist>` for the allocated nodes;
 - `run_ranks(job)`: node N runs `job.argv(NodeRank(N, ...))` with `job.env(...)`; the
   rendezvous is node 0: its NodeAddr (`scontrol show hostnames <nodelist>`, then `scontrol
   show node`), on a free port picked here when that address is this machine's loopback (the
@@ -37,9 +38,10 @@ run_ranks is Unsupported. pyxis is absent from the local test cluster, whose sru
 `--container-image` ("unrecognized option"): the image path is rendered (a plan shows it) and
 checked there, not run. The node probe is bash on the nodes themselves, never in the image.
 
-Serving (`model`, `serve`, AIPerf as a step; stages 04, 05 and 06) is lib.places.slurm.serve's
-SlurmServing, mixed in; `SlurmPlan` (lib.places.slurm.plan) is this place planning: the same
-code, its effects turned into records.
+Serving (`model`, `serve`; stages 04, 05 and 06) is the SlurmServing this place holds
+(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's; `SlurmPlan`
+(lib.places.slurm.plan) is this place planning: the same code, its effects turned into
+records.
 """
 from __future__ import annotations
 

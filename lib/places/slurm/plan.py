@@ -1,9 +1,8 @@
 """The slurm place planning (the plan place, lib.places.planning): the slurm place's own code
 (SlurmPlan is a SlurmPlace, serving through the same lib.places.slurm.serve), its effects
-turned into records: every
-sbatch, srun and scancel recorded (`door.plan`), every step's script and each allocation's batch
-script written into the stage's `scripts/` and checked by shellcheck (a gate each); where it
-would wait, it stops with its one SKIP reason.
+turned into records: every sbatch, srun and scancel recorded (`door.plan`), every step's script
+and each allocation's batch script written into the stage's `scripts/` and checked by
+shellcheck (a gate each); where it would wait, it stops with its one SKIP reason.
 """
 from __future__ import annotations
 
@@ -118,7 +117,7 @@ class SlurmPlan(SlurmPlace):
         per_node = next((a.split("=", 1)[1] for a in argv
                          if a.startswith("--ntasks-per-node=")), "1")
         tasks = (f"every task of one MPI world ({per_node} per node)" if "--label" in argv
-                 else "one task on one node")  # lib.places.slurm.sbatch.world_argv labels its tasks
+                 else "one task on one node")  # sbatch.world_argv labels its tasks
         text = (command[2] if command[:2] == ["bash", "-c"] else
                 sbatch.task_script(label, command, tasks))
         self._check_script(label, text, "sh")

@@ -39,8 +39,8 @@ from typing import Sequence
 RDZV_PORT = 29500
 HOLDER = "exec sleep infinity"  # the allocation's batch step: it only holds the nodes
 # A serve's ports on node 0, on a real cluster (this machine cannot know which are free there;
-# a serve beside another in the same allocation takes the next: lib.places.slurm.serve). vLLM's HTTP
-# port, and its data-parallel rendezvous (leader and workers), as the kube place uses them.
+# a serve beside another in the same allocation takes the next: lib.places.slurm.serve). vLLM's
+# HTTP port, and its data-parallel rendezvous (leader and workers), as the kube place uses them.
 SERVE_PORT = 8000
 DP_RPC_PORT = 29570
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,5 +1,5 @@
-"""The slurm place's serving (lib.places.slurm.SlurmPlace mixes SlurmServing in): the server as
-steps of an allocation, the allocation an A/B's arms share, AIPerf as one more step.
+"""The slurm place's serving (SlurmServing, held by lib.places.slurm.place.SlurmPlace as its
+`serving`): the server as steps of an allocation, the allocation an A/B's arms share.
 
 Serving (`model`, `serve`; stages 04, 05 and 06):
 
@@ -12,17 +12,16 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
 - `serve(spec)`: one allocation (the same holder) sized for the serve (the stage's `nodes` for
   vLLM, one node for transformers serve), then the server as steps inside it, each started
   through `door.start` (its srun is the door's handle; its whole output the stage's log):
-  `srun --jobid J --overlap -N1 -n1 --nodelist <node>` (lib.places.slurm.sbatch.task_argv) running
-  `transformers serve` (lib.engines.transformers.serve_argv) on node 0, or vLLM's leader on
+  `srun --jobid J --overlap -N1 -n1 --nodelist <node>` (lib.places.slurm.sbatch.task_argv)
+  running `transformers serve` (lib.engines.transformers.serve_argv) on node 0, or vLLM's leader on
   node 0 and a headless worker on every other node (lib.engines.vllm, the engine's roles
   leader/worker, DP = nodes x GPUs per node, one step per node). Ready by the local place's
   readiness loop (lib.engines.transformers.poll_until_ready through wait_ready: the leader's
   srun polled, `GET /v1/models` or `/health` at node 0's address); vLLM's logs then gated as
   the kube place gates its pods' (the backend, the EP split, NCCL's EFA provider on every rank).
   The server is reached from this machine on the cluster's network (`request` through
-  door.http). `run_aiperf` runs AIPerf as one more step of the allocation on node 0, writing
-  straight into the cell's folder on the shared file system, its output into the stage folder
-  (`<cell>-<jobid>.out|.err`). On exit, normal or not: every step's srun stopped (door.stop),
+  door.http). `run_aiperf` runs AIPerf as one more step of the allocation on node 0
+  (lib.places.slurm.aiperf). On exit, normal or not: every step's srun stopped (door.stop),
   the allocation cancelled (scancel, then squeue until it is gone), and the gate `server
   stopped` (no step of it left in `squeue -s`, its port no longer answering).
 - the arms of an A/B (lib.measure.serving: a serve whose gates carry the arm's name) share one
@@ -37,10 +36,11 @@ Serving (`model`, `serve`; stages 04, 05 and 06):
   (its srun handle is `step`). `keep` is read by nothing here: a server never outlives its
   stage, and no allocation either.
 
-SlurmServing asks the place for its allocation (`_allocate`, `_nodes_of`, `release`), its
-steps (`_start_step`, `_run_step`, `_steps_gone`, `_cancel_steps`) and its parameters
-(`_image`, `_python`, `_program`, `_venv`, `_in_image`): lib.places.slurm.place's, or a plan's
-(lib.places.slurm.plan), whose effects are records.
+SlurmServing asks its place (`place`) for its allocation (`_allocate`, `_nodes_of`,
+`release`), its steps (`_start_step`, `_run_step`) and its parameters (`_image`, `_python`,
+`_program`, `_venv`, `_in_image`), and to wait for a server (`_wait_ready`, which comes back
+to `wait_ready` here): lib.places.slurm.place's, or a plan's (lib.places.slurm.plan), whose
+effects are records. What is left of a stopped server's steps is lib.places.slurm.waits'.
 """
 from __future__ import annotations
 
@@ -321,8 +321,8 @@ class SlurmServing:
     def _world_step(self, spec: ServeSpec, server: SlurmServer, python: str,
                     gpus: int) -> list[tuple]:
         """An engine launched as one MPI world (lib.engines.base `launch`: TensorRT-LLM): one
-        step over every node, a task per GPU (lib.places.slurm.sbatch.world_argv, Slurm's `slurm_mpi`
-        plugin its wiring), every task the engine's 'task' command; task 0 serves HTTP on node
+        step over every node, a task per GPU (lib.places.slurm.sbatch.world_argv, Slurm's
+        `slurm_mpi` plugin its wiring), every task the engine's 'task' command; task 0 serves HTTP on node
         0 (trtllm-llmapi-launch makes rank 0 the server), every task's output in the one log,
         labelled with its rank."""
         place = self.place

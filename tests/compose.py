@@ -669,7 +669,7 @@ def probe_facts(node: str = HOSTS[0], *, gdrdrv_version: str | None = "2.5.1",
 
 
 def default_probe_format(facts: Mapping[str, Any]) -> str:
-    """PLACEHOLDER: ``key=value`` lines until lib/places/manifests/probe.py defines the probe's own
+    """PLACEHOLDER: ``key=value`` lines until lib/places/kube/manifests/probe.py defines the probe's own
     output format; pass its formatter to `compose_node_probe` instead. An absent gdrdrv prints
     no gdrdrv_version line (the module's /sys/module/gdrdrv/version is then absent)."""
     lines = []

@@ -34,8 +34,9 @@ from lib.core.door import REPO_ROOT, Door
 from lib.core.stage import Stage
 from lib.engines import server as served
 from lib.measure import agreement, sweep
-from lib.places import kube as kube_place
-from lib.places import manifests
+from lib.places.cluster import CONFIG_SCRIPT
+from lib.places.kube import manifests
+from lib.places.kube.serve import REQUEST_SCRIPT
 from lib.stages import registry
 
 NODES = ("p5en-a", "p5en-b")
@@ -100,7 +101,7 @@ class KubeEnv:
 
     # ---- what the nodes answer -----------------------------------------------------------
     def probes(self, **facts_by_default: Any) -> list[Path]:
-        """Each node's probe pod prints the probe's lines (lib.places.manifests.PROBE_FORMAT)
+        """Each node's probe pod prints the probe's lines (lib.places.kube.manifests.PROBE_FORMAT)
         for the facts given (a node name -> facts mapping under `per_node` overrides)."""
         per_node = facts_by_default.pop("per_node", {})
         paths = []
@@ -155,7 +156,7 @@ class KubeEnv:
               config: dict, ready: bool = True, metrics_reads: int = 0,
               answers: str | None = None) -> None:
         """The StatefulSet's pods `<name>-<k>`: their logs, the leader Ready, and what a request
-        from inside the cluster (kube_place's exec) answers: the recorded vLLM answers."""
+        from inside the cluster (the kube place's exec) answers: the recorded vLLM answers."""
         url = f"http://{manifests.http_service_name(name)}.{self.namespace}.svc:{manifests.HTTP_PORT}"
         models = json.loads((RECORDED_RUN / "models_response.json").read_text())
         for entry in models.get("data", []):
@@ -170,7 +171,7 @@ class KubeEnv:
             exec_request("POST", url + "/v1/chat/completions", served.CHAT_TIMEOUT_S,
                          chat_request):
                 Exec(json.dumps({"status": 200, "body": json.dumps(chat), "error": None})),
-            ("env", "HF_HUB_OFFLINE=1", "python3", "-c", kube_place._CONFIG_SCRIPT, model,
+            ("env", "HF_HUB_OFFLINE=1", "python3", "-c", CONFIG_SCRIPT, model,
              revision): Exec(json.dumps(config)),
         }
         if metrics_reads:  # vLLM's /metrics, read before and after each cell: a counter that grows
@@ -207,12 +208,12 @@ def metrics_text(turn: int) -> str:
 
 def exec_request(method: str, url: str, timeout: float, body: dict | None) -> tuple[str, ...]:
     """The argv the kube place's server runs in the leader pod for one request."""
-    return ("python3", "-c", kube_place._REQUEST_SCRIPT, method, url, str(timeout),
+    return ("python3", "-c", REQUEST_SCRIPT, method, url, str(timeout),
             "" if body is None else json.dumps(body))
 
 
 def probe_log(node: str, *, gdrdrv: str | None, efa: int, hugepages_total: int) -> str:
-    """A node probe's output in the probe's own line format (lib.places.manifests.PROBE_FORMAT),
+    """A node probe's output in the probe's own line format (lib.places.kube.manifests.PROBE_FORMAT),
     composed: the facts are this test's, the EFA device names p5en's rdmap pattern."""
     devices = ",".join(f"rdmap{16 + k}s27" for k in range(efa)) or "none"
     return "\n".join([

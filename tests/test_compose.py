@@ -199,7 +199,7 @@ def test_node_probe_default_format_is_a_placeholder_of_key_value_lines(tmp_path)
 
 
 def test_node_probe_takes_another_format(tmp_path):
-    """The probe's own format is defined elsewhere (lib/places/manifests/probe.py): any formatter of
+    """The probe's own format is defined elsewhere (lib/places/kube/manifests/probe.py): any formatter of
     the facts plugs in."""
     path = compose.compose_node_probe(tmp_path, formatter=lambda f: json.dumps(dict(f)) + "\n",
                                       gdrdrv_version="2.4")

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from lib.engines import deepep
-from lib.places.kube_files import guide_files
+from lib.places.kube.files import guide_files
 from lib.stages import train
 
 # The check, run in the fresh interpreter (-I: no PYTHONPATH, no user site, no script folder on

@@ -18,7 +18,7 @@ except ImportError:
     from tests.kubeplane import NOT_BUILT, plane_available
 
 from lib.core.door import read_transcript
-from lib.places.kube_pods import object_name
+from lib.places.kube.pods import object_name
 from lib.stages import serve as serve_stage
 from lib.stages import sweep as sweep_stage
 from tests import compose
@@ -52,7 +52,7 @@ def test_05_backend_ab_on_two_p5en_nodes_serves_the_arms_one_at_a_time(env, tmp_
     pods(f"{ARMS['allgather_reducescatter']}-1", "allgather_reducescatter", 4)
     pods(f"{ARMS['deepep_v2']}-1", "deepep_v2", 4)
     cells = [f"{slug}-{shape}" for slug in ARMS.values() for shape in ("decode", "prefill")]
-    # the Jobs' names as the place cuts them (lib.places.kube_pods.object_name): at 40
+    # the Jobs' names as the place cuts them (lib.places.kube.pods.object_name): at 40
     # characters an arm's repeats share one name (a Job is deleted before the next is made)
     jobs = sorted({object_name(f"aiperf-{c}-c1-r1") for c in cells})
     env.aiperf_jobs(jobs, ["concurrency_1"] * len(jobs))

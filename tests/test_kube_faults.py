@@ -21,7 +21,7 @@ except ImportError:
 from lib.core.door import read_transcript
 from lib.core.errors import StageRefused
 from lib.core.stage import REFUSED_GATE
-from lib.places import manifests
+from lib.places.kube import manifests
 from lib.stages import kernel, serve as serve_stage
 from tests import compose
 from tests import kubelet_double as kubelet
@@ -251,12 +251,12 @@ def test_the_api_server_restarting_while_a_stage_waits_is_retried_within_its_dea
 
 
 def test_an_apply_whose_answer_was_lost_is_looked_for_not_applied_twice(env, tmp_path):
-    """kube_retry.apply_landed against the real plane: the file's objects are there (an apply
-    that landed), the API server is down when it is applied again; the refused apply is
-    followed by `kubectl get -f` (tried until the API server is back), which finds every
+    """lib.places.kube.retry.apply_landed against the real plane: the file's objects are there
+    (an apply that landed), the API server is down when it is applied again; the refused apply
+    is followed by `kubectl get -f` (tried until the API server is back), which finds every
     object: not applied a second time."""
     from lib.core.door import Door
-    from lib.places.kube_retry import apply_landed
+    from lib.places.kube.retry import apply_landed
 
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "landed", "namespace": env.namespace,

@@ -45,7 +45,7 @@ except ImportError:
                                         statuses, the_one_failure)
 
 from lib.core.door import REPO_ROOT
-from lib.places import manifests as mf
+from lib.places.kube import manifests as mf
 from lib.stages import serve as serve_stage
 from tests import compose
 from tests.kube_env import IMAGE_ID, MODEL_CACHE, KubeEnv

@@ -18,7 +18,7 @@ except ImportError:
     from tests.kubeplane import NOT_BUILT, plane_available
 
 from lib.core.door import read_transcript
-from lib.places import manifests
+from lib.places.kube import manifests
 from lib.measure import triage
 from lib.stages import cluster, kernel, serve as serve_stage
 from tests import compose
@@ -197,7 +197,7 @@ def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env
 
 
 def test_04_vllm_statefulset_serves_through_the_leader_service(env, tmp_path):
-    from lib.places import manifests
+    from lib.places.kube import manifests
 
     leader, worker = compose.compose_vllm_pods(tmp_path / "logs")
     p = env.stage("04_serve", tmp_path / "probe").params
@@ -364,7 +364,7 @@ def test_an_interrupted_stage_leaves_no_object_behind(env, tmp_path):
               pending=True)
     stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
     place = for_stage(stage)
-    from lib.places import manifests
+    from lib.places.kube import manifests
 
     objects = manifests.rank_objects(**place._where(), name="test-ep-at-128-tokens",
                                      image=place._image(), nodes=2,

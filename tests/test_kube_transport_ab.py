@@ -14,7 +14,7 @@ try:
 except ImportError:
     from tests.kubeplane import NOT_BUILT, plane_available
 
-from lib.places.kube_pods import object_name
+from lib.places.kube.pods import object_name
 from lib.stages import kernel, transport_ab
 from tests import compose
 from tests.kube_env import KubeEnv

@@ -1,4 +1,4 @@
-"""lib.places.manifests: the kube place's objects, checked by the real tools.
+"""lib.places.kube.manifests: the kube place's objects, checked by the real tools.
 
 - kubernetes-validate --strict (the real binary of this environment) at the module's version:
   every rendered object passes, a misspelled field fails;
@@ -28,8 +28,8 @@ from kubeplane import kube_plane, plane_unavailable_reason  # noqa: F401 - the f
 from lib.core.errors import ParameterError
 from lib.engines import deepep
 from lib.engines.vllm_args import CLI_MODULE
-from lib.places import manifests as mf
-from lib.places.kube_files import guide_files
+from lib.places.kube import manifests as mf
+from lib.places.kube.files import guide_files
 from lib.places import stream
 from lib.stages import registry
 
@@ -169,7 +169,7 @@ def test_a_misspelled_field_fails_kubernetes_validate_strict(tmp_path, where):
 
 
 def test_validate_argv_names_the_strict_check_at_a_version_it_bundles():
-    from lib.places.manifests.output import BUNDLED
+    from lib.places.kube.manifests.output import BUNDLED
 
     assert mf.validate_argv(["a.yaml", Path("b.yaml")]) == [
         "kubernetes-validate", "--strict", "-k", mf.KUBE_VERSION, "a.yaml", "b.yaml"]

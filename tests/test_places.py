@@ -12,10 +12,10 @@ from lib.core.door import Door, read_transcript
 from lib.core.errors import PlanOnly, ReplayMismatch
 from lib.core.stage import Stage
 from lib.places import NodeRank, RankJob, Unsupported
-from lib.places.kube import KubePlace
+from lib.places.kube.place import KubePlace
 from lib.places.local import LocalPlace
-from lib.places.plan import KubePlan
-from lib.places.slurm import SlurmPlace
+from lib.places.kube.plan import KubePlan
+from lib.places.slurm.place import SlurmPlace
 from lib.stages import kernel, registry
 from lib.stages.opening import open_stage
 
@@ -49,7 +49,7 @@ def test_the_plan_door_runs_checkers_only_and_records_what_it_would_run(tmp_path
 
 
 def test_a_plan_for_slurm_is_the_slurm_place_planning(tmp_path):
-    from lib.places.plan import SlurmPlan
+    from lib.places.slurm.plan import SlurmPlan
 
     stage = plan_stage(tmp_path, given={"plan_for": "slurm"})
     place = places.for_stage(stage)
@@ -159,7 +159,7 @@ def test_places_that_are_not_built_say_so_in_one_reason(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))  # no Slurm answers
     # sinfo retries a missing configuration for 60 s: the place's query timeout ends it sooner
-    monkeypatch.setattr("lib.places.slurm.QUERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("lib.places.slurm.waits.QUERY_TIMEOUT_S", 3.0)
     stage = Stage("03_kernel_test", registry.resolve("03_kernel_test", {"context": "slurm"}),
                   tmp_path, Door(tmp_path, "03_kernel_test"), None)
     # no image, no venv: a SKIP once the cluster answered (test_slurm_place); here none does,
@@ -247,8 +247,8 @@ def test_long_object_names_that_differ_at_the_end_stay_distinct():
     """05's backend A/B on kube names its AIPerf Jobs `aiperf-<engine>-<backend>-<shape>-c<C>-r<R>`:
     cut to 40 characters, every repeat's Job of a cell had one name and the second was refused as
     already recorded. A long slug keeps its head and a digest of the whole."""
-    from lib.places.kube_pods import object_name
-    from lib.places.manifests import NAME_MAX, NAME_RULE
+    from lib.places.kube.pods import object_name
+    from lib.places.kube.manifests import NAME_MAX, NAME_RULE
 
     names = {object_name(f"aiperf-vllm-allgather-reducescatter-decode-c{c}-r{r}")
              for c in (1, 32) for r in (1, 2, 3)}

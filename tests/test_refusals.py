@@ -58,7 +58,7 @@ def no_slurm(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent" / "slurm.conf"))
     # sinfo retries a missing configuration for 60 s (measured: 59.0 s), so the place's query
     # timeout ends it: 3 s here instead of 30 gives the same refusal 27 s sooner per test
-    monkeypatch.setattr("lib.places.slurm.QUERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("lib.places.slurm.waits.QUERY_TIMEOUT_S", 3.0)
 
 
 def stage_of(run_dir: Path, name: str, given: dict) -> Stage:

@@ -16,7 +16,7 @@ import yaml
 from lib.core import evidence
 from lib.core import identities as naming
 from lib.core.door import Door, read_transcript
-from lib.places import manifests as mf
+from lib.places.kube import manifests as mf
 
 # Built here, so that no secret-shaped string sits in the repository.
 HF = "hf_" + "PlantedHuggingFace" + "0123456789abcdef"  # hf_ and 34

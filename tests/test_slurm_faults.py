@@ -1,7 +1,7 @@
 """A cluster's bad day on the real Slurm (tests/slurmlocal.py, Slurm 22.05.8 here): a node going
 DOWN mid-step, a job preempted by a higher-priority partition, a job past its time limit. Each
 is a real administrator's or scheduler's action on a real step of the slurm place
-(lib.places.slurm), no hook in lib/: each ends in the FAIL `<job>: Slurm's account of the step`
+(lib.places.slurm.place), no hook in lib/: each ends in the FAIL `<job>: Slurm's account of the step`
 that names the step, the node and the reason as Slurm says them (slurmstepd's "CANCELLED ... DUE
 TO" line, `scontrol show job`'s JobState/Reason/Restarts, `scontrol show node`'s State/Reason),
 written into the stage's gates.json, and nothing of the run left in squeue.
@@ -26,7 +26,7 @@ import pytest
 
 from lib.core import evidence
 from lib.places import RankJob
-from lib.places.slurm import SlurmPlace
+from lib.places.slurm.place import SlurmPlace
 from lib.stages import kernel
 
 try:
@@ -193,18 +193,18 @@ def test_a_job_preempted_by_a_higher_priority_partition_fails_saying_so(cluster,
 
 
 def test_slurmstepd_s_lines_are_read_as_slurm_wrote_them():
-    from lib.places import batch
+    from lib.places.slurm import parse
 
     text = ("slurmstepd-n1: error: *** STEP 1.0 ON n1 CANCELLED AT 2026-12-04T03:16:12 DUE TO "
             "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"
             "slurmstepd-n1: error: *** JOB 4 ON n1 CANCELLED AT 2026-12-04T03:17:36 DUE TO TIME "
             "LIMIT ***\nslurmstepd-n2: error: *** STEP 5.0 ON n2 CANCELLED AT 2026-12-04T03:17:36 "
             "***\nsrun: error: n2: task 1: Terminated\n")
-    assert batch.parse_ended(text) == [
+    assert parse.parse_ended(text) == [
         {"what": "STEP", "id": "1.0", "node": "n1", "due": "NODE FAILURE"},
         {"what": "JOB", "id": "4", "node": "n1", "due": "TIME LIMIT"},
         {"what": "STEP", "id": "5.0", "node": "n2", "due": ""}]  # a plain scancel: no cause
-    assert batch.parse_ended("") == [] and batch.parse_ended(None) == []
+    assert parse.parse_ended("") == [] and parse.parse_ended(None) == []
 
 
 @pytest.mark.usefixtures("past_its_limit")

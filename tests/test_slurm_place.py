@@ -1,10 +1,10 @@
-"""The slurm place (lib.places.slurm, lib.places.batch) on a real two-node Slurm on this host
+"""The slurm place (lib.places.slurm) on a real two-node Slurm on this host
 (tests/slurmlocal.py): stage 00's probe of both nodes, stage 03's torch benchmark across them
 (gloo, one rank per node, the rendezvous on n1) and its replay, a node killed mid-run, a step
 that times out, an interrupted run; stage 04 with `transformers serve` as a step of an
 allocation and its replay, stage 05 with AIPerf as another step against it, the arms of an A/B
 in one allocation; afterwards nothing of a job is queued or alive. And the plan for slurm
-(lib.places.slurm_plan.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
+(lib.places.slurm.plan.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
 scancel recorded, nothing run."""
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from lib.core import evidence
 from lib.core.door import REPO_ROOT, Door, read_transcript
 from lib.core.stage import Stage
 from lib.engines import transformers
-from lib.places import NodeNeeds, RankJob, ServeSpec, Unsupported, batch
+from lib.places import NodeNeeds, RankJob, ServeSpec, Unsupported
 from lib.places.local import LocalPlace
-from lib.places.plan import SlurmPlan
-from lib.places.slurm import SlurmPlace
+from lib.places.slurm import parse, sbatch
+from lib.places.slurm.plan import SlurmPlan
+from lib.places.slurm.place import SlurmPlace
 from lib.stages import cluster as stage00
 from lib.stages import kernel, registry
 from lib.stages import serve as stage04
@@ -103,8 +104,8 @@ def test_scripts_pass_shellcheck_and_the_wrapper_picks_the_node_s_command(tmp_pa
     base = str(tmp_path / "a job-7")
     per_node = [(["printf", "%s|", "it's", "a b", "$HOME"], {"ONE": "x y", "TWO": "'q'"}),
                 (["sh", "-c", "echo node1 \"$ONE\"; exit 3"], {"ONE": "1"})]
-    wrapper = batch.wrapper_script("a job", per_node, base)
-    for name, text in (("wrapper.sh", wrapper), ("probe.sh", batch.probe_script())):
+    wrapper = sbatch.wrapper_script("a job", per_node, base)
+    for name, text in (("wrapper.sh", wrapper), ("probe.sh", sbatch.probe_script())):
         (tmp_path / name).write_text(text)
         checked = subprocess.run([str(SHELLCHECK), "-s", "bash", str(tmp_path / name)],
                                  capture_output=True, text=True, timeout=60)
@@ -117,11 +118,11 @@ def test_scripts_pass_shellcheck_and_the_wrapper_picks_the_node_s_command(tmp_pa
     assert subprocess.run(["bash", "-c", wrapper, "w"], capture_output=True, timeout=30,
                           env={**os.environ, "SLURM_NODEID": "5"}).returncode == 64
     with pytest.raises(ValueError, match="not an environment variable name"):
-        batch.wrapper_script("x", [(["true"], {"A-B": "1"})], base)
+        sbatch.wrapper_script("x", [(["true"], {"A-B": "1"})], base)
 
 
 def test_the_image_is_rendered_as_pyxis_options():
-    argv = batch.step_argv(jobid="12", nodes=2, out_base="/fsx/run/03/bench-12", time_min=60,
+    argv = sbatch.step_argv(jobid="12", nodes=2, out_base="/fsx/run/03/bench-12", time_min=60,
                            script="true", script_name="w", chdir="/fsx/guide", gpus_per_node=8,
                            image="repo/guide@sha256:" + "a" * 64, mounts=("/fsx/run", "/fsx/guide"))
     assert "--container-image=repo/guide@sha256:" + "a" * 64 in argv
@@ -132,13 +133,13 @@ def test_the_image_is_rendered_as_pyxis_options():
 
 
 def test_parsers():
-    assert [batch.gres_gpus(g) for g in ("gpu:8", "gpu:h200:8(S:0-1)", "gpu:4,shard:8",
+    assert [parse.gres_gpus(g) for g in ("gpu:8", "gpu:h200:8(S:0-1)", "gpu:4,shard:8",
                                           "(null)", "")] == [8, 8, 4, 0, 0]
-    assert batch.srun_report("srun: error: n2: task 1: Exited with exit code 3\n"
+    assert parse.srun_report("srun: error: n2: task 1: Exited with exit code 3\n"
                              "srun: error: n1: task 0: Terminated\n"
                              "srun: error: n[3-4]: tasks 2-3: Killed\n") == {
         1: 3, 0: 143, 2: 137, 3: 137}
-    rows = batch.parse_sinfo("n1|test*|idle|2|1024|(null)|(null)\n"
+    rows = parse.parse_sinfo("n1|test*|idle|2|1024|(null)|(null)\n"
                              "n1|other|idle|2|1024|(null)|(null)\nn2|test*|mixed|2|1024|gpu:8|a,b\n")
     assert [(r["node"], r["partition"], r["default"], r["gres_gpus"], r["features"])
             for r in rows] == [("n1", "test", True, 0, []), ("n2", "test", True, 8, ["a", "b"])]
@@ -147,7 +148,7 @@ def test_parsers():
 def test_a_one_task_step_and_a_plan_s_batch_script(tmp_path):
     """A step beside the others on one node (its environment in its argv), and a plan's view of
     an allocation as one batch script, which shellcheck passes."""
-    task = batch.task_argv(jobid="7", node="n2", name="guide-05-aiperf", time_min=5,
+    task = sbatch.task_argv(jobid="7", node="n2", name="guide-05-aiperf", time_min=5,
                            chdir="/c", argv=["aiperf", "profile", "--url", "http://n1:8000"],
                            env={"B": "x y", "A": "1"}, unset=("U",), output="/o.out",
                            error="/o.err")
@@ -156,13 +157,13 @@ def test_a_one_task_step_and_a_plan_s_batch_script(tmp_path):
     assert "--input=none" in task and "--output=/o.out" in task and "--error=/o.err" in task
     assert task[task.index("env"):] == ["env", "-u", "U", "A=1", "B=x y", "aiperf", "profile",
                                         "--url", "http://n1:8000"]
-    assert batch.env_argv({}, ()) == []
+    assert sbatch.env_argv({}, ()) == []
     with pytest.raises(ValueError, match="not an environment variable name"):
-        batch.env_argv({"A-B": "1"})
-    ranks = batch.step_argv(jobid="7", nodes=2, out_base="/r/x-7", time_min=5, chdir="/c",
-                            script=batch.wrapper_script("x", [(["true"], {})] * 2, "/r/x-7"),
+        sbatch.env_argv({"A-B": "1"})
+    ranks = sbatch.step_argv(jobid="7", nodes=2, out_base="/r/x-7", time_min=5, chdir="/c",
+                            script=sbatch.wrapper_script("x", [(["true"], {})] * 2, "/r/x-7"),
                             script_name="guide-x")
-    text = batch.batch_script("x", batch.alloc_argv(name="guide-x", nodes=2, time_min=5),
+    text = sbatch.batch_script("x", sbatch.alloc_argv(name="guide-x", nodes=2, time_min=5),
                               [(task, True, "a server"), (ranks, False, "the ranks")])
     assert "#SBATCH --nodes=2" in text and "--jobid=" not in text and "--wrap" not in text
     assert text.endswith("wait\n") and " &\n" in text
@@ -170,7 +171,7 @@ def test_a_one_task_step_and_a_plan_s_batch_script(tmp_path):
     checked = subprocess.run([str(SHELLCHECK), "-s", "bash", str(tmp_path / "x.sbatch")],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout
-    assert batch.parse_steps("1.batch|batch\n1.0|guide-x\n\n") == [("1.batch", "batch"),
+    assert parse.parse_steps("1.batch|batch\n1.0|guide-x\n\n") == [("1.batch", "batch"),
                                                                     ("1.0", "guide-x")]
 
 
@@ -204,7 +205,7 @@ def plan_stage(run_dir: Path, name: str, given: dict | None = None, replay: bool
     resolved = registry.resolve(name, {"context": "plan", "plan_for": "slurm", **(given or {})})
     stage = Stage(name, resolved, run_dir, Door(run_dir, name, replay=replay, plan=True),
                   run_dir if replay else None)
-    stage._place = SlurmPlan(stage)  # what lib.places.plan.plan_place gives for plan_for slurm
+    stage._place = SlurmPlan(stage)  # what lib.places.plan_place gives for plan_for slurm
     return stage
 
 
@@ -538,8 +539,8 @@ def test_04_serves_transformers_as_a_step_and_replays(cluster, served):
     assert stopped["steps_left"] == [] and stopped["allocation_gone"] is True
     assert stopped["port_answering"] is False
     (jobid,) = places.for_stage(stage).jobs
-    (sbatch,) = [c for c in _calls(run_dir, "04_serve") if c[0] == "sbatch"]
-    assert "--nodes=1" in sbatch  # one node for transformers serve
+    (alloc,) = [c for c in _calls(run_dir, "04_serve") if c[0] == "sbatch"]
+    assert "--nodes=1" in alloc  # one node for transformers serve
     (start,) = _calls(run_dir, "04_serve", "start")
     assert start[:3] == ["srun", f"--jobid={jobid}", "--overlap"] and "--nodelist=n1" in start
     command = start[start.index("env"):]
@@ -595,7 +596,7 @@ def _answering_step(monkeypatch):
     monkeypatch.setattr(transformers, "serve_argv",
                         lambda model, port, cores=None, device="cpu", host="127.0.0.1",
                         console_script=None: [console_script, "-c", code, str(port)])
-    monkeypatch.setattr("lib.places.slurm.SlurmPlace._program",
+    monkeypatch.setattr("lib.places.slurm.place.SlurmPlace._program",
                         lambda self, name: str(REPO_ROOT / ".venv" / "bin" / "python"))
 
 

@@ -31,8 +31,8 @@ import yaml
 
 from lib.core.door import REPO_ROOT, read_transcript
 from lib.measure import training, triage
-from lib.places import manifests
-from lib.places.kube_pods import object_name
+from lib.places.kube import manifests
+from lib.places.kube.pods import object_name
 from lib.stages import train
 from tests import compose
 from tests.kubeplane import NOT_BUILT, plane_available

@@ -12,7 +12,8 @@ What counts as an identity (what lib/publish/scan.py refuses to publish):
 The pseudonyms, and why these:
 - a host is `node-K`. Only the host's own label is replaced, so `ip-10-1-2-3.ec2.internal` reads
   `node-K.ec2.internal`: the region and the kind of name stay, and "rank 3 on node-1" reads like
-  the plan context's `node-0`, `node-1` (lib/places/plan.py), which stand for the same thing.
+  the plan context's `node-0`, `node-1` (lib/places/kube/plan.py, lib/places/slurm/plan.py),
+  which stand for the same thing.
 - an address is 198.51.100.K (then 203.0.113.K-256, then `addr-K`). An address stays shaped like
   one, so whatever parses it still can (slurm's loopback test with ipaddress, vLLM's
   `tcp://host:port`, a reader scanning a log), and it is taken from RFC 5737's documentation

@@ -8,7 +8,7 @@ nodes x GPUs, the backend, eager or graphs, ports, the role and start rank) an e
     command(spec)            -> (argv, env): the process and the variables it sets (the
                                 transport contract of lib.engines.transport, reused)
     process_words(spec)      -> the words of its command line a process list shows (a probe
-                                that looks for it must not match itself: lib.places.manifests)
+                                that looks for it must not match itself: lib.places.kube.manifests)
     ready_path               -> the GET that answers 200 once it serves
     endpoints, metrics_path  -> what it serves (OpenAI routes; Prometheus text, or None)
     log_gates(leader, logs, spec, ...) -> what its logs prove (the backend it built, the EP

@@ -67,7 +67,7 @@ _FATAL_RE = re.compile(r"Executor worker returned error|Engine loading failed|Tr
                        r"\(most recent call last\)|CUDA error: |NCCL error|illegal memory access")
 
 
-# srun --label's prefix of every line of a task ("<task>: "; lib.places.batch.world_argv)
+# srun --label's prefix of every line of a task ("<task>: "; lib.places.slurm.sbatch.world_argv)
 _SRUN_LABEL_RE = re.compile(r"^\s*\d+: ")
 
 

@@ -1,10 +1,13 @@
 """Where a stage's processes run: `for_stage(stage)` picks the place from its context.
 
     local  this machine (lib.places.local)
-    plan   what kube or slurm would run, recorded, nothing run (lib.places.plan: `plan_for`
-           picks lib.places.kube_plan.KubePlan or lib.places.slurm_plan.SlurmPlan)
-    kube   a Kubernetes cluster through kubectl (lib.places.kube; its pods read by kube_pods)
-    slurm  a Slurm cluster through sbatch/srun (lib.places.slurm; its serving slurm_serve)
+    plan   what kube or slurm would run, recorded, nothing run (`plan_for` picks
+           lib.places.kube.plan.KubePlan or lib.places.slurm.plan.SlurmPlan: `plan_class`;
+           what both plans share is lib.places.planning)
+    kube   a Kubernetes cluster through kubectl (the package lib.places.kube; the place
+           itself lib.places.kube.place.KubePlace)
+    slurm  a Slurm cluster through sbatch/srun (the package lib.places.slurm; the place
+           itself lib.places.slurm.place.SlurmPlace)
 
 What kube and slurm share is lib.places.cluster; the protocol every place answers is
 lib.places.base; the errors places raise are lib.core.errors'.
@@ -16,14 +19,27 @@ from typing import Any, Mapping
 from lib.core import stage as stage_mod
 from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, PlaceSpec,  # noqa: F401
                              RankJob, ServeSpec, Unsupported)
-from lib.places.kube import KubePlace
+from lib.places.kube.place import KubePlace
+from lib.places.kube.plan import KubePlan
 from lib.places.local import LocalPlace
-from lib.places.plan import KubePlan, plan_class, plan_place
-from lib.places.slurm import SlurmPlace
+from lib.places.slurm.place import SlurmPlace
+from lib.places.slurm.plan import SlurmPlan
 
 # "plan": the plan of the place `plan_for` names (place_class, for_stage); KubePlan by default
 PLACES: dict[str, type[Place]] = {"local": LocalPlace, "plan": KubePlan, "kube": KubePlace,
                                   "slurm": SlurmPlace}
+
+
+def plan_class(plan_for: str | None) -> type[Place]:
+    """The plan of the place `plan_for` names (kube when it names none)."""
+    return KubePlan if (plan_for or "kube") == "kube" else SlurmPlan
+
+
+def plan_place(stage, spec: PlaceSpec | None = None) -> Place:
+    """The plan of the place `plan_for` names (`spec`: the stage's values, lib.places.base
+    .PlaceSpec; default the stage's own)."""
+    spec = stage.place_spec if spec is None else spec
+    return plan_class(spec.plan_for)(stage, spec)
 
 
 def place_class(context: str, plan_for: str | None = None) -> type[Place]:

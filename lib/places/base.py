@@ -19,7 +19,7 @@ its allocation), its files into `out`, a CallResult back; lib.measure.sweep reac
 through it. `argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of
 AIPerf's argv.
 
-A place that only plans (`plans_only`: the plans of lib.places.plan) runs nothing: its door
+A place that only plans (`plans_only`: the plans, lib.places.planning) runs nothing: its door
 records what the place it plans for would run.
 
 A place is handed typed values, never a parameter by its name: a PlaceSpec (every value of the
@@ -120,7 +120,7 @@ class ClusterServer(Server):
     def run_aiperf(self, stage, argv_for, *, timeout: float, out: Path, name: str,
                    env: dict[str, str]):
         """One AIPerf cell where this server runs, its files into `out` (a CallResult): its
-        place's `aiperf_beside` (kube: a Job beside the pods, lib.places.manifests.aiperf_job,
+        place's `aiperf_beside` (kube: a Job beside the pods, lib.places.kube.manifests.aiperf_job,
         its files back through its log; slurm: a step of the allocation on node 0, writing on
         the shared file system). The AIPerf env is the place's, not this machine's `env`."""
         return self.place.aiperf_beside(self, argv_for, timeout=timeout, out=out, name=name)
@@ -155,7 +155,7 @@ class RankJob:
 
     `modules`: the guide's files its processes import (paths relative to the repository root,
     packages' __init__.py included), for a place whose nodes do not hold the checkout: the kube
-    place mounts them into every pod (lib.places.kube_files) and puts them on PYTHONPATH. The
+    place mounts them into every pod (lib.places.kube.files) and puts them on PYTHONPATH. The
     local place runs in the checkout and the slurm place's steps start in it (a shared file
     system; pyxis mounts it as the working directory), so both import the guide from there and
     ignore the field."""
@@ -225,7 +225,7 @@ class Place:
     kind = "?"
     what = "this place"
     # whether this place only plans: its door records what would run, nothing is run (the
-    # plans of lib.places.plan); lib.places.plans(spec) reads it
+    # plans, lib.places.planning); lib.places.plans(spec) reads it
     plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True

@@ -1,6 +1,6 @@
-"""What the two cluster places (lib.places.kube, lib.places.slurm) share: the image's paths, the
-model named by its pin, the gates a vLLM serve's logs earn, the gate-adding of a serve, and the
-one deadline loop their waits poll through.
+"""What the two cluster places (the packages lib.places.kube, lib.places.slurm) share: the
+image's paths, the model named by its pin, the gates a vLLM serve's logs earn, the gate-adding
+of a serve, and the one deadline loop their waits poll through.
 
 Pure but for `wait_until`, which reads the door's clock and sleeps through it.
 """

@@ -1,6 +1,23 @@
-"""What the two plans share (lib.places.kube_plan.KubePlan, lib.places.slurm_plan.SlurmPlan; the
-plan place is lib.places.plan): a place that only plans (`plans_only`), its placeholders said
-once in the transcript, the one reason it gives where it would wait, and the image it plans.
+"""The plan place: what a cluster place would run, rendered, checked and recorded, with nothing
+run against a cluster or a server; here, what its two plans share.
+
+`plan_for` names the place planned for (kube by default, or slurm; lib.places.plan_class picks
+the plan). The plan IS that place's code with its effects turned into records: the same
+renderers make the same objects and commands, but where the place would apply or submit, the
+plan writes the objects into the stage's `manifests/` folder (kube) or its scripts into
+`scripts/` (slurm), runs the local checkers on them (`kubernetes-validate --strict` at the
+Kubernetes version EKS runs, shellcheck on every embedded script; gates), and records the
+command in the transcript (`door.plan`, the door's plan mode refusing anything else). Where the
+place would then wait for pods or read logs, the plan stops and says so in one SKIP reason.
+
+    kube   lib.places.kube.plan.KubePlan    (a KubePlace whose effects are records)
+    slurm  lib.places.slurm.plan.SlurmPlan  (a SlurmPlace whose effects are records)
+
+What both share is here: `Planning`, the one object each plan holds that says its
+placeholders once and gives its one reason; the image it plans (`planned_image`); the local
+checkers (`tool`). Values a plan cannot know are placeholders, said in its notes: the image
+(the tag 02 gives the build of these pins) and, when not given, the model cache directory and
+the nodes' names.
 """
 from __future__ import annotations
 
@@ -31,24 +48,22 @@ def tool(name: str) -> str:
 
 
 class Planning:
-    """A cluster place's own code, planning (mixed in before the place it plans for): what it
-    would do to a cluster is recorded, nothing is run. `target` names that place; `verb` and
-    `past` what it does to a cluster (applies / applied); `kept` where the plan's records are."""
+    """What a plan says as it plans, held by each plan (its `planning`): a placeholder said once
+    in the transcript (`note`), and the one reason it stops where the place it plans for would
+    wait (`not_run`). `target` names that place; `verb` and `past` what it does to a cluster
+    (applies / applied); `kept` where the plan's records are."""
 
-    kind = "plan"
-    plans_only = True
-    target = verb = past = kept = "?"
-
-    def __init__(self, stage, spec=None):
-        super().__init__(stage, spec)
-        self.what = f"a plan for the {self.target} place (nothing is {self.past} to a cluster)"
+    def __init__(self, door, *, target: str, verb: str, past: str, kept: str):
+        self.door = door
+        self.target, self.verb, self.past, self.kept = target, verb, past, kept
+        self.what = f"a plan for the {target} place (nothing is {past} to a cluster)"
         self.notes: list[str] = []
 
-    def _not_run(self, what: str) -> Unsupported:
+    def not_run(self, what: str) -> Unsupported:
         return Unsupported(f"plan for {self.target}: {what} is planned, not run (context plan "
                            f"{self.verb} nothing to a cluster); {self.kept}")
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         """A placeholder of the plan, said once in the transcript (`# ...`)."""
         if text not in self.notes:
             self.notes.append(text)

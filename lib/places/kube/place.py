@@ -1,7 +1,7 @@
 """The kube place: a Kubernetes cluster through kubectl (`kube_context`, `namespace`).
 
 Every call is the real `kubectl` through the door (recorded, replayable): nothing here talks to
-the API server on its own. Objects are rendered as data by lib.places.manifests from the
+the API server on its own. Objects are rendered as data by lib.places.kube.manifests from the
 stage's parameters and the one vLLM argv/env builder, written into the stage's folder
 (`manifests/<name>.yaml`, the evidence of what was applied) and applied with `kubectl apply -f`.
 
@@ -11,18 +11,20 @@ stage's parameters and the one vLLM argv/env builder, written into the stage's f
 - `run_ranks(job)`: one pod per node behind a headless Service (rank 0 the rendezvous), every
   pod's exit code and whole log (`kubectl logs`); the guide's files the job's processes import
   (`job.modules`: the image holds no `lib/`) in the job's ConfigMap, mounted into every pod
-  (lib.places.kube_files).
+  (lib.places.kube.files).
 - `serve(spec)`: the engine as a StatefulSet with a headless Service for rank discovery and a
   Service that selects only the leader for HTTP, or (kube_workload leaderworkerset) as one
   LeaderWorkerSet group, whose pods the cluster's LWS controller makes (`<name>-0` the leader,
   `<name>-0-<k>` the workers); ready when the leader's readiness probe (/health) holds; every
   pod's log saved whole and gated (lib.places.cluster: backend, EP split, EFA on every rank,
-  settings). Requests reach the server from inside the cluster (`kubectl exec`), never here.
+  settings; lib.places.kube.serve). Requests reach the server from inside the cluster (`kubectl
+  exec`), never here.
 - its Server's `run_aiperf(...)`: a Job (AIPerf) beside the serve's leader, its files back
-  through its log (lib.places.kube_aiperf).
+  through its log (lib.places.kube.aiperf).
 
-kubectl's JSON of pods and nodes is read by lib.places.kube_pods (pure); what this place shares
-with the slurm place (the pinned model, the log gates, the deadline loop) is lib.places.cluster.
+kubectl's JSON of pods and nodes is read by lib.places.kube.pods (pure); the waits on it are
+lib.places.kube.waits; what this place shares with the slurm place (the pinned model, the log
+gates, the deadline loop) is lib.places.cluster.
 
 A pod that cannot be scheduled FAILs with the scheduler's own reason after `schedule_timeout_s`.
 Every object carries the run's label; a stage deletes what it applied when it ends (unless
@@ -31,37 +33,32 @@ Every object carries the run's label; a stage deletes what it applied when it en
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 from lib.core.errors import NotScheduled, PlaceError, Unsupported
 from lib.core.evidence import gate, skip
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
-from lib.places.kube_aiperf import KubeAiperf
-from lib.places.kube_files import guide_files
-from lib.places.base import (NodeNeeds, NodeRun, Place, RankJob, ServeSpec,
-                             saved_model_config)
-from lib.places.cluster import (DEEPEP_IN_IMAGE, first_rank_gate,
-                                gate_adder, pinned_model, serve_gates, settings_gates, wait_until)
-from lib.places.cluster import CONFIG_SCRIPT as _CONFIG_SCRIPT  # tests/kube_env.py reads it here
-from lib.places.kube_pods import KubeServer  # the serve's handle, with its requests
-from lib.places.kube_pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
-                                  failed_creations, held_gate, is_finished, is_ready,
-                                  node_facts, object_name, phase_of, pod_record, probe_facts,
-                                  stage_selector, stuck_reason, trouble, unschedulable, where_pod)
-from lib.places.kube_retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
-from lib.places.kube_pods import REQUEST_SCRIPT as _REQUEST_SCRIPT  # tests/kube_env.py reads it here
+from lib.places.base import NodeNeeds, NodeRun, Place, RankJob, ServeSpec, saved_model_config
+from lib.places.cluster import CONFIG_SCRIPT, DEEPEP_IN_IMAGE, pinned_model
+from lib.places.kube import aiperf, serve as serving, waits
+from lib.places.kube.files import guide_files
+from lib.places.kube.pods import (PodStuck, exit_code, is_finished, node_facts, object_name,
+                                  pod_record, probe_facts, stage_selector)
+from lib.places.kube.retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
+from lib.places.kube.serve import KubeServer  # the serve's handle, with its requests
 
 KUBECTL_TIMEOUT_S = 120.0
-# A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
-# absent after this long are looked for in its FailedCreate events (an admission's refusal).
-CREATE_GRACE_S = 10.0
 DELETE_TIMEOUT_S = 300.0
 VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies it there
 
 
-class KubePlace(KubeAiperf, Place):
+class KubePlace(Place):
+    """The kube place (see the module's docstring). What it does with kubectl is its own; its
+    waits (lib.places.kube.waits), its serve (lib.places.kube.serve) and AIPerf's Jobs
+    (lib.places.kube.aiperf) are functions it hands itself to, so its plan
+    (lib.places.kube.plan.KubePlan), which overrides the effects, runs them as records."""
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
     engines = ("vllm", "sglang", "trtllm")
@@ -81,7 +78,7 @@ class KubePlace(KubeAiperf, Place):
 
     def _run(self, *args: str, timeout: float = KUBECTL_TIMEOUT_S):
         """One kubectl call; a read or a delete tried again while the API server does not
-        answer (lib.places.kube_retry says which calls are safe to retry, and why), once it
+        answer (lib.places.kube.retry says which calls are safe to retry, and why), once it
         has answered in this stage: a cluster that never answered is refused at its first call."""
         if args and args[0] in SAFE_VERBS:
             call = run_retrying(self.door, self.kubectl(*args), timeout=timeout,
@@ -209,45 +206,9 @@ class KubePlace(KubeAiperf, Place):
 
     def wait_pods(self, names: list[str], *, done: bool, timeout_s: float,
                   made_by: str | None = None) -> dict[str, dict]:
-        """Until every pod is Ready (done=False) or finished (done=True), or time is up. A pod
-        Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason; a pod
-        stuck on its image or config raises PodStuck at once; pods of the StatefulSet `made_by`
-        still absent after CREATE_GRACE_S raise PodsNotCreated where its controller said why."""
-        schedule_by = self.spec.schedule_timeout_s
-
-        def look(elapsed) -> tuple[bool, dict[str, dict]]:
-            pods = self.pod_status(names)
-            waited = elapsed()
-            if made_by and waited >= CREATE_GRACE_S and not all(pods.values()):
-                said = self.not_created(made_by)
-                if said:
-                    raise PodsNotCreated(f"the StatefulSet controller: {said}")
-            pending = {n: unschedulable(p) for n, p in pods.items() if p and
-                       p["status"].get("phase") == "Pending"}
-            reasons = {n: r for n, r in pending.items() if r}
-            stuck = {n: stuck_reason(p) for n, p in pods.items() if p and stuck_reason(p)}
-            if stuck:  # the kubelet will not get past it: said now, not at the timeout
-                raise PodStuck("; ".join(f"{where_pod(n, pods[n])}: {r}"
-                                         for n, r in stuck.items()))
-            if reasons and waited >= schedule_by:
-                raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
-            if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
-                return True, pods
-            # a serve pod that exited will never be ready: the caller says why
-            return not done and any(p and is_finished(p) for p in pods.values()), pods
-
-        return wait_until(self.door, look, timeout_s, f"{len(names)} pod(s) "
-                          f"{'finished' if done else 'ready'}: {', '.join(names)}", poll_s=POLL_S)
-
-    def not_created(self, statefulset: str) -> str | None:
-        """Why the StatefulSet `statefulset` (of this stage: its uid read now, so an older
-        object's events of the same name are not its) made no pod: its FailedCreate events."""
-        got = self._json("get", "statefulset", statefulset)
-        uid = ((got or {}).get("metadata") or {}).get("uid")
-        if not uid:
-            return None
-        return failed_creations(self._json("get", "events", "--field-selector",
-                                           f"involvedObject.uid={uid},reason=FailedCreate"))
+        """Until every pod is Ready (done=False) or finished (done=True), or time is up
+        (lib.places.kube.waits.wait_pods says how each way it can stop)."""
+        return waits.wait_pods(self, names, done=done, timeout_s=timeout_s, made_by=made_by)
 
     def pod_log(self, name: str, status: dict | None = None) -> str:
         """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder, with what its
@@ -355,110 +316,11 @@ class KubePlace(KubeAiperf, Place):
         """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given)."""
         return self.spec.model_cache_dir or ""
 
-    @contextmanager
-    def serve(self, spec: ServeSpec) -> Iterator[KubeServer]:
-        """The serve as a StatefulSet (lib.places.manifests.vllm_objects) or, with
-        kube_workload leaderworkerset, as one LeaderWorkerSet group (leaderworkerset_objects:
-        the cluster's LWS controller makes its pods); ready when the leader's probe holds; every
-        pod's log kept and gated; deleted when the block ends (unless `keep`, then the next
-        stage's apply finds it as it is)."""
-        stage = self.stage
-        name = object_name(spec.log_name.rsplit(".", 1)[0] if spec.log_name else spec.engine)
-        cache = self._model_cache_dir()
-        if not cache:
-            raise Unsupported("no model_cache_dir: the nodes keep the model's weights on their "
-                              "instance storage (-p model_cache_dir /path/on/the/NVMe/mount)")
-        lws = self.spec.leaderworkerset
-        render = manifests.leaderworkerset_objects if lws else manifests.vllm_objects
-        objects = render(
-            **self._where(), name=name, image=self._image(), nodes=spec.nodes,
-            model_cache_dir=cache, model=spec.model["model_dir"],
-            model_revision=self.spec.model_revision, backend=spec.backend,
-            ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
-            hf_token_secret=self.spec.hf_token_secret or None, engine=spec.engine,
-            transport=self.transport_of(spec))
-        gpus = int(self.spec.gpus_per_node)
-        server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
-                            stage.path("pods", f"{name}-0.log"), device="cuda", place=self,
-                            backend=spec.backend, gpus=gpus * spec.nodes,
-                            service=f"{manifests.http_service_name(name)}.{self.namespace}.svc")
-        server.pods = (manifests.lws_pod_names(name, spec.nodes) if lws
-                       else [f"{name}-{k}" for k in range(spec.nodes)])
-        server.name = name
-        server.tokenizer_revision = spec.model.get("revision") or None  # AIPerf's, in the cache
-        add = gate_adder(stage, server, spec.gate_prefix)
-        self.apply(objects, name)
-        try:
-            self._gate_serve(server, spec, add, lws)
-            yield server
-        finally:
-            if not self.plans_only and server.ready:  # looked at once more as it ends
-                add(held_gate(self.pod_status(server.pods), server.ready_pods,
-                              lambda n: self._json("get", "node", n), lambda uid: self._json(
-                                  "get", "events", "--field-selector", f"involvedObject.uid={uid}"),
-                              [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]))
-            if not self.plans_only and not self.spec.keep:
-                if lws:
-                    self.delete_lws(name)
-                self.delete(name)
-                left = self.pod_status(server.pods)
-                add(gate("server stopped", not any(left.values()),
-                         sorted(n for n, s in left.items() if s), [],
-                         ("its LeaderWorkerSet (and with it the pods and headless Service its "
-                          "controller made) and its HTTP Service deleted, no pod of it left")
-                         if lws else "its StatefulSet and Services deleted, no pod of it left",
-                         []))
-
-    def _gate_serve(self, server: KubeServer, spec: ServeSpec, add, lws: bool) -> None:
-        """Wait for the serve's pods (by their StatefulSet or LeaderWorkerSet names), keep
-        every pod's log and gate them: ready, then the engine's gates over every log."""
-        stage, gpus = self.stage, int(self.spec.gpus_per_node)
-        started = self.door.now()
-        try:
-            statuses = self.wait_pods(server.pods, done=False, timeout_s=spec.timeout_s,
-                                      made_by=None if lws else server.name)
-        except PodsNotCreated as why:
-            add(gate("server ready", False, "no pod", "every pod created", str(why), []))
-            return
-        except PodStuck as why:
-            add(gate("server ready", False, "Pending", "every pod running", str(why), []))
-            return
-        except NotScheduled as why:
-            add(gate("server ready", False, "Pending", "every pod scheduled",
-                     f"the scheduler: {why}", []))
-            return
-        ready = all(s and is_ready(s) for s in statuses.values())
-        logs = {pod: self.pod_log(pod, statuses.get(pod)) for pod in server.pods}
-        server.ready, server.ready_pods = ready, (statuses if ready else {})
-        server.ready_s = round(self.door.now() - started, 1) if ready else None
-        evidence = [stage.rel(stage.path("pods", f"{pod}.log")) for pod in server.pods]
-        absent = [pod for pod, s in statuses.items() if not s]
-        if ready:
-            why = f"the leader's readiness probe held after {server.ready_s} s"
-        elif lws and absent:  # the LWS was stored, but nothing made its pods
-            why = (f"no pod {', '.join(absent)} within the timeout: the cluster's "
-                   "LeaderWorkerSet controller makes a group's pods (is it running? kubectl "
-                   f"get {manifests.LWS_RESOURCE} {server.pods[0].rsplit('-', 1)[0]})")
-        elif any(trouble(s) for s in statuses.values()):
-            why = "; ".join(f"{where_pod(pod, s)}: {trouble(s)}"
-                            for pod, s in statuses.items() if trouble(s))
-        else:
-            why = "not ready within the timeout: the pods' logs are kept"
-        add(gate("server ready", ready, {pod: phase_of(s) for pod, s in statuses.items()},
-                 {"leader": "Ready (GET /health)"}, why, evidence))
-        if not ready and any(logs.values()):
-            add(first_rank_gate(dict(zip(evidence, logs.values())), gpus, evidence))
-        if ready:
-            server.backend_gates = serve_gates(
-                spec.engine, logs[server.pods[0]], logs, backend=spec.backend,
-                nodes=spec.nodes, gpus_per_node=gpus,
-                num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
-                api_servers=gpus, log_name=evidence[0], evidence=evidence,
-                transport=self.transport_of(spec))
-            for g in (server.backend_gates or []) + settings_gates(
-                    spec.engine, logs, backend=spec.backend, nodes=spec.nodes,
-                    gpus_per_node=gpus, evidence=evidence):
-                add(g)
+    def serve(self, spec: ServeSpec) -> AbstractContextManager[KubeServer]:
+        """The serve as a StatefulSet or a LeaderWorkerSet group, ready when the leader's probe
+        holds, every pod's log kept and gated, deleted when the block ends unless `keep`
+        (lib.places.kube.serve.serve)."""
+        return serving.serve(self, spec)
 
     def delete_lws(self, name: str) -> None:
         """Delete the LeaderWorkerSet `name` of this stage and wait until it is gone: its
@@ -473,6 +335,11 @@ class KubePlace(KubeAiperf, Place):
         model cache, offline), kept as the stage's model_config.json."""
         call = self.door.run(self.kubectl(
             "exec", server.pods[0], "--", "env", "HF_HUB_OFFLINE=1", "python3", "-c",
-            _CONFIG_SCRIPT, model["model_dir"], self.spec.model_revision or "main"),
+            CONFIG_SCRIPT, model["model_dir"], self.spec.model_revision or "main"),
             timeout=KUBECTL_TIMEOUT_S, check=False)
         return saved_model_config(self.stage, call)
+
+    def aiperf_beside(self, server: KubeServer, argv_for, *, timeout: float, out: Path,
+                      name: str):
+        """One AIPerf cell as a Job beside the serve (lib.places.kube.aiperf): a CallResult."""
+        return aiperf.aiperf_beside(self, server, argv_for, timeout=timeout, out=out, name=name)

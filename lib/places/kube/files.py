@@ -1,7 +1,7 @@
 """The guide's own files a rank job's pods import (lib.places.base.RankJob.modules), read from the
 checkout for the kube place: the image (docker/Dockerfile, built from docker/) holds no `lib/`,
 so a pod running `python3 -m lib.bench.moe_train` would die with "No module named 'lib'".
-lib.places.manifests.rank_objects renders them into the job's ConfigMap, mounted read-only at
+lib.places.kube.manifests.rank_objects renders them into the job's ConfigMap, mounted read-only at
 manifests.GUIDE_MOUNT with the package layout kept and put first on PYTHONPATH.
 
 What is read is the guide's source at this checkout (the run records its git SHA), not a value

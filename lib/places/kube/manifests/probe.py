@@ -9,7 +9,7 @@ import hashlib
 import re
 from typing import Any, Mapping, Sequence
 
-from lib.places.manifests.common import (DEFAULT_NAMESPACE, LABEL_VALUE_MAX, RUN_LABEL_HASH,
+from lib.places.kube.manifests.common import (DEFAULT_NAMESPACE, LABEL_VALUE_MAX, RUN_LABEL_HASH,
                                          _check_kube_expansion, _image, _resources,
                                          _tolerations, labels)
 

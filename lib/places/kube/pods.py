@@ -1,65 +1,19 @@
 """Reading what kubectl says of pods and nodes, for the kube place (lib.places.kube): pure
 functions of the JSON `kubectl get ... -o json` prints (a pod's trouble in its status' own
-words: a waiting reason it will not get past, OOMKilled, Evicted; a node's Ready condition),
-the names and selectors of the objects a stage applies, and a serve's handle (KubeServer) with
-the script a request from inside the cluster runs."""
+words: a waiting reason it will not get past, OOMKilled, Evicted; a node's Ready condition;
+whether a serve's pods held through it), and the names and selectors of the objects a stage
+applies. The waits that poll them are lib.places.kube.waits."""
 from __future__ import annotations
 
 import json
 import hashlib
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-from lib.core.door import HttpResult
 from lib.core.errors import NotScheduled
-from lib.places.base import ClusterServer
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
-
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 
 POLL_S = 2.0  # between two looks at a pod's status (the kube place's waits)
-
-# What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
-# may not be. It prints {"status", "body", "error"} as one JSON line.
-REQUEST_SCRIPT = (
-    "import json,sys,urllib.request,urllib.error\n"
-    "m,u,t,b=sys.argv[1],sys.argv[2],float(sys.argv[3]),sys.argv[4]\n"
-    "r=urllib.request.Request(u,data=b.encode() if b else None,method=m,"
-    "headers={'Content-Type':'application/json'} if b else {})\n"
-    "try:\n"
-    " with urllib.request.urlopen(r,timeout=t) as a: s,x,e=a.status,a.read().decode(),None\n"
-    "except urllib.error.HTTPError as a: s,x,e=a.code,a.read().decode(),None\n"
-    "except Exception as a: s,x,e=None,'',type(a).__name__+': '+str(a)\n"
-    "print(json.dumps({'status':s,'body':x,'error':e}))\n")
-
-
-@dataclass
-class KubeServer(ClusterServer):
-    """A serve on the cluster (any engine): `url` is the leader Service's address inside the
-    cluster."""
-    name: str = ""  # its objects' name (the StatefulSet's or the LeaderWorkerSet's)
-    pods: list[str] = field(default_factory=list)
-    service: str = ""
-    ready_pods: dict[str, dict] = field(default_factory=dict)  # as they were when Ready
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.service}:{manifests.HTTP_PORT}"
-
-    def request(self, door, method: str, path: str, *, timeout: float, json_body=None):
-        """From inside the cluster: python3 in the leader pod asks the leader's Service."""
-        body = "" if json_body is None else json.dumps(json_body)
-        call = door.run(self.place.kubectl("exec", self.pods[0], "--", "python3", "-c",
-                                           REQUEST_SCRIPT, method, self.url + path,
-                                           str(timeout), body),
-                        timeout=timeout + 30, check=False)
-        try:
-            got = json.loads(call.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            got = {"status": None, "body": "", "error": f"kubectl exec exited {call.rc}: "
-                                                        f"{call.stderr.strip()[-300:]}"}
-        return HttpResult(method, self.url + path, got.get("status"), got.get("body") or "",
-                          got.get("error"), call.duration_s, call.seq)
 
 
 def node_facts(node: dict, versions: dict) -> dict[str, Any]:
@@ -108,7 +62,7 @@ def stage_selector(run_id: str, stage: str) -> str:
 
 
 def probe_facts(probe: dict) -> dict[str, Any]:
-    """A node probe's findings (lib.places.manifests.parse_probe_log), in 00's keys."""
+    """A node probe's findings (lib.places.kube.manifests.parse_probe_log), in 00's keys."""
     gdrdrv = probe.get("gdrdrv")
     return {"gdrdrv_version": None if gdrdrv in (None, "absent", "unreadable") else gdrdrv,
             "efa_devices": list(probe.get("efa_devices") or []),

@@ -2,7 +2,8 @@
 call through the door (`partition`, `account`, `time_limit_min`, `schedule_timeout_s`,
 `job_timeout_s`; the software from `image` through pyxis, or from `venv`).
 
-What it runs (the argv and scripts: lib.places.batch):
+What it runs (the argv and scripts: lib.places.slurm.sbatch; what comes back is read by
+lib.places.slurm.parse; the waits on squeue and scontrol are lib.places.slurm.waits):
 
 - every multi-node piece of work is one allocation: `sbatch --parsable` of a holder over
   `nodes` whole nodes, one task per node (its job id comes back at once, so it is always known
@@ -15,8 +16,8 @@ What it runs (the argv and scripts: lib.places.batch):
   none, `--kill-on-bad-exit=1` ends the others as soon as one node fails (no node left waiting
   in a rendezvous until its timeout), and there is one process to wait on and time out;
 - `host_facts()`: the partition's nodes from `sinfo -N`, then an allocation and one probe step
-  (lib.places.batch.PROBE_SCRIPT, on the nodes themselves: the kernel's, /proc's and /sys's
-  facts are the host's) and `scontrol -o show node <nodelist>` for the allocated nodes;
+  (lib.places.slurm.sbatch.PROBE_SCRIPT, on the nodes themselves: the kernel's, /proc's and
+  /sys's facts are the host's) and `scontrol -o show node <nodelist>` for the allocated nodes;
 - `run_ranks(job)`: node N runs `job.argv(NodeRank(N, ...))` with `job.env(...)`; the
   rendezvous is node 0: its NodeAddr (`scontrol show hostnames <nodelist>`, then `scontrol
   show node`), on a free port picked here when that address is this machine's loopback (the
@@ -37,40 +38,42 @@ run_ranks is Unsupported. pyxis is absent from the local test cluster, whose sru
 `--container-image` ("unrecognized option"): the image path is rendered (a plan shows it) and
 checked there, not run. The node probe is bash on the nodes themselves, never in the image.
 
-Serving (`model`, `serve`, AIPerf as a step; stages 04, 05 and 06) is lib.places.slurm_serve's
-SlurmServing, mixed in; `SlurmPlan` (lib.places.slurm_plan) is this place planning: the same
-code, its effects turned into records.
+Serving (`model`, `serve`; stages 04, 05 and 06) is the SlurmServing this place holds
+(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's; `SlurmPlan`
+(lib.places.slurm.plan) is this place planning: the same code, its effects turned into
+records.
 """
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from lib.core.door import REPO_ROOT, Background, CallResult
 from lib.core.errors import NotAllocated, PlaceError, Unsupported
 from lib.core.evidence import gate
-import lib.places.batch as batch  # the module, not the package (no cycle through it)
-from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob
-from lib.places.cluster import DEEPEP_IN_IMAGE, wait_until
+import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
+from lib.places.slurm import parse
+from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec
+from lib.places.cluster import DEEPEP_IN_IMAGE
 from lib.places.instances import INSTANCE_TYPES
-from lib.places.slurm_serve import (SlurmServer, SlurmServing, _Held,  # noqa: F401
-                                    node_address, this_host)
+from lib.places.slurm import aiperf, waits
+from lib.places.slurm.serve import SlurmServer, SlurmServing, node_address, this_host
 
-SUBMIT_TIMEOUT_S = 60.0  # sbatch, scancel: they return once slurmctld answers
-QUERY_TIMEOUT_S = 30.0  # sinfo, squeue, scontrol
 PROBE_TIMEOUT_S = 300.0  # the node probe step
-RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillWait, epilogs)
-POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
-STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
-FATE_TIMEOUT_S = 30.0  # a failed step's job until it leaves COMPLETING (KillWait, epilogs)
 # job states in which Slurm, not the ranks, ended the job (squeue(1)'s JOB STATE CODES)
 SLURM_ENDED = ("BOOT_FAIL", "DEADLINE", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "REQUEUED",
                "REQUEUE_FED", "REQUEUE_HOLD", "TIMEOUT")
 NODE_OUT = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")  # scontrol's node states out of service
 
 
-class SlurmPlace(SlurmServing, Place):
+class SlurmPlace(Place):
+    """The slurm place (see the module's docstring). Its allocations and steps are its own
+    methods, which its plan (lib.places.slurm.plan.SlurmPlan) overrides with records; its
+    serving is the SlurmServing it holds (`serving`, lib.places.slurm.serve), which runs in
+    them; AIPerf's step is lib.places.slurm.aiperf's; the waits that poll Slurm are
+    lib.places.slurm.waits'."""
     kind = "slurm"
     what = "the slurm place (Slurm through sbatch/srun)"
     engines = ("transformers", "vllm", "sglang", "trtllm")
@@ -82,7 +85,7 @@ class SlurmPlace(SlurmServing, Place):
         super().__init__(stage, spec)
         self._rows: list[dict[str, Any]] | None = None
         self._released: set[str] = set()
-        self._serving: _Held | None = None
+        self.serving = SlurmServing(self)  # the serves' allocation and steps (serve.py)
         self.jobs: list[str] = []  # every job id this place submitted, in order
         self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
 
@@ -147,7 +150,7 @@ class SlurmPlace(SlurmServing, Place):
         return f"slurm partition {partition!r}" if partition else "slurm's default partition"
 
     def _query(self, argv: list[str]) -> CallResult:
-        call = self.door.run(argv, timeout=QUERY_TIMEOUT_S, check=False)
+        call = self.door.run(argv, timeout=waits.QUERY_TIMEOUT_S, check=False)
         if call.rc == 127:
             raise PlaceError(self.where(), "Slurm's clients (sinfo, sbatch, srun, squeue, "
                              "scontrol, scancel) are not on this machine", call)
@@ -159,7 +162,7 @@ class SlurmPlace(SlurmServing, Place):
         """The partition's nodes (`partition`, else the default partition), from sinfo."""
         if self._rows is None:
             partition = self.spec.partition
-            rows = batch.parse_sinfo(self._query(batch.sinfo_argv(partition)).stdout)
+            rows = parse.parse_sinfo(self._query(sbatch.sinfo_argv(partition)).stdout)
             if not partition and any(r["default"] for r in rows):
                 rows = [r for r in rows if r["default"]]
             if not rows:
@@ -220,19 +223,19 @@ class SlurmPlace(SlurmServing, Place):
             raise PlaceError(self.where(), f"the node probe was not allocated: {why}") from None
         finally:
             self.release(jobid)
-        report, facts = batch.srun_report(call.stderr), []
+        report, facts = parse.srun_report(call.stderr), []
         access = (f"{version}: sbatch, srun, squeue, scontrol, scancel answered; partition "
                   f"{rows[names[0]]['partition'] if names[0] in rows else '?'}")
         for rank, name in enumerate(names):
             out = self.stage.rel(Path(f"{base}-node{rank}.out"))
-            probed = batch.parse_probe(self.door.read_text(f"{base}-node{rank}.out"))
+            probed = parse.parse_probe(self.door.read_text(f"{base}-node{rank}.out"))
             slurm = {**rows.get(name, {}), **info.get(name, {})}
             slurm.pop("default", None)
             facts.append({
                 "node": name, **slurm, **probed,
                 "instance_type": next((f for f in slurm.get("features", [])
                                        if f in INSTANCE_TYPES), None),
-                "ready": probed["probe_complete"] and batch.usable(slurm.get("slurm_state")),
+                "ready": probed["probe_complete"] and parse.usable(slurm.get("slurm_state")),
                 "cluster_access": access,
                 "probe_rc": None if call.timed_out else report.get(rank, 0 if call.ok else None),
                 "evidence": [out],
@@ -242,9 +245,9 @@ class SlurmPlace(SlurmServing, Place):
 
     def _probe_argv(self, jobid: str, nodes: int, base: str, gpus: int) -> list[str]:
         """The probe step: bash on the nodes themselves (never in the image)."""
-        return batch.step_argv(
+        return sbatch.step_argv(
             jobid=jobid, nodes=nodes, out_base=base,
-            time_min=self.spec.time_limit_min, script=batch.probe_script(),
+            time_min=self.spec.time_limit_min, script=sbatch.probe_script(),
             script_name="guide-node-probe", chdir=str(self.stage.dir),
             gpus_per_node=gpus, kill_on_bad_exit=False)
 
@@ -262,7 +265,7 @@ class SlurmPlace(SlurmServing, Place):
         try:
             names, info = self._nodes_of(jobid)
             addr = node_address(info, names[0])
-            port = self.door.free_port() if this_host(addr) else batch.RDZV_PORT
+            port = self.door.free_port() if this_host(addr) else sbatch.RDZV_PORT
             per_node = []
             for rank in range(job.nodes):
                 node = NodeRank(rank, job.nodes, addr, port)
@@ -270,17 +273,17 @@ class SlurmPlace(SlurmServing, Place):
                 if argv and argv[0] == sys.executable:  # this machine's interpreter: the nodes'
                     argv[0] = python
                 per_node.append((argv, job.env(node)))
-            base = str(self.stage.path(f"{batch.slug(job.name)}-{jobid}"))
+            base = str(self.stage.path(f"{sbatch.slug(job.name)}-{jobid}"))
             cpus = [info[n]["slurm_cpus"] for n in names if info.get(n, {}).get("slurm_cpus")]
-            call = self._run_step(batch.step_argv(
+            call = self._run_step(sbatch.step_argv(
                 jobid=jobid, nodes=job.nodes, out_base=base,
                 time_min=self.spec.time_limit_min,
                 script=self._wrapper(job.name, per_node, base),
-                script_name=f"guide-{batch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
+                script_name=f"guide-{sbatch.slug(job.name)}", chdir=str(job.cwd or REPO_ROOT),
                 cpus_per_task=min(cpus) if cpus else None, gpus_per_node=gpus,
                 **self._in_image()), timeout=timeout, label=f"{job.name} on {job.nodes} node(s)")
             # Slurm's account, read before the guide's scancel makes every job CANCELLED
-            fate = None if call.ok or call.timed_out else self._job_fate(jobid, names)
+            fate = None if call.ok or call.timed_out else waits.job_fate(self.door, jobid, names)
         except NotAllocated as why:
             return self._never_ran(job, str(why), why.timed_out)
         finally:
@@ -293,13 +296,13 @@ class SlurmPlace(SlurmServing, Place):
     def _node_runs(self, job: RankJob, base: str, call: CallResult) -> list[NodeRun]:
         """Each node's files, read once the job has ended: its rc from the wrapper's .rc file,
         else from srun's own report (a task killed before it could write it)."""
-        report = batch.srun_report(call.stderr)
+        report = parse.srun_report(call.stderr)
         srun_stream = f"calls/{self.stage.name}/{call.seq:04d}.stderr"
         runs = []
         for rank in range(job.nodes):
             out = self.door.read_text(f"{base}-node{rank}.out")
             err = self.door.read_text(f"{base}-node{rank}.err")
-            rc = batch.parse_rc(self.door.read_text(f"{base}-node{rank}.rc"))
+            rc = parse.parse_rc(self.door.read_text(f"{base}-node{rank}.rc"))
             if rc is None:
                 rc = report.get(rank)
             streams = [self.stage.rel(Path(f"{base}-node{rank}.{kind}"))
@@ -311,35 +314,13 @@ class SlurmPlace(SlurmServing, Place):
                                 call.timed_out and rc != 0, streams + [srun_stream]))
         return runs
 
-    def _job_fate(self, jobid: str, names: list[str]) -> dict[str, Any]:
-        """After a step ended non-zero: the job as slurmctld says it once it has left
-        COMPLETING (a node failure or a preemption requeues it: PENDING, Restarts counted; a
-        time limit: TIMEOUT) and each of its nodes' State and Reason. scontrol, not sacct:
-        sacct needs the cluster's accounting (the test Slurm has none: 'Slurm accounting
-        storage is disabled'); scontrol answers on every cluster while slurmctld keeps the job
-        (MinJobAge s after it ends)."""
-        def look(elapsed) -> tuple[bool, dict[str, str]]:
-            call = self.door.run(batch.show_job_argv(jobid), timeout=QUERY_TIMEOUT_S,
-                                 check=False)
-            job = batch.parse_scontrol(call.stdout) if call.ok else {}
-            return job.get("JobState") != "COMPLETING", job
-
-        job = wait_until(self.door, look, FATE_TIMEOUT_S, poll_s=POLL_FIRST_S, max_poll_s=1.0)
-        shown = self.door.run(batch.show_node_argv(",".join(names)), timeout=QUERY_TIMEOUT_S,
-                              check=False)
-        nodes = {raw["NodeName"]: {"state": raw.get("State", "?"),
-                                   "reason": raw.get("Reason", "")}
-                 for raw in map(batch.parse_scontrol, shown.stdout.splitlines())
-                 if "NodeName" in raw}
-        return {"job": job or {}, "nodes": nodes}
-
     def _add_fate_gate(self, label: str, jobid: str, fate: dict[str, Any], runs: list[NodeRun],
                        srun_stderr: str) -> None:
         """The FAIL naming the step, the node and the reason as Slurm says them, when Slurm
         ended the step (slurmstepd's CANCELLED ... DUE TO line, a node DOWN or DRAINED, a job
         requeued or ended by its time limit); nothing when the ranks failed by themselves (the
         first-failure triage names those)."""
-        ended = list({(e["id"], e["node"], e["due"]): e for e in batch.parse_ended(
+        ended = list({(e["id"], e["node"], e["due"]): e for e in parse.parse_ended(
             "\n".join([srun_stderr, *(r.stderr for r in runs)]))}.values())
         job, nodes = fate["job"], fate["nodes"]
         bad = {n: v for n, v in nodes.items() if any(w in v["state"] for w in NODE_OUT)}
@@ -373,8 +354,8 @@ class SlurmPlace(SlurmServing, Place):
     # ---- one allocation -----------------------------------------------------------------------
     def _allocate(self, label: str, nodes: int, gpus: int) -> str:
         """Submit the allocation; its job id (cancelled at the latest when the stage ends)."""
-        call = self.door.run(self._alloc_argv(label, nodes, gpus), timeout=SUBMIT_TIMEOUT_S,
-                             check=False)
+        call = self.door.run(self._alloc_argv(label, nodes, gpus),
+                             timeout=waits.SUBMIT_TIMEOUT_S, check=False)
         jobid = call.stdout.strip().split(";")[0] if call.ok else ""
         if not jobid.isdigit():
             raise NotAllocated(f"sbatch refused the allocation of {nodes} node(s) (rc "
@@ -385,44 +366,20 @@ class SlurmPlace(SlurmServing, Place):
         return jobid
 
     def _alloc_argv(self, label: str, nodes: int, gpus: int) -> list[str]:
-        return batch.alloc_argv(
-            name=f"guide-{self.stage.name}-{batch.slug(label)}", nodes=nodes,
+        return sbatch.alloc_argv(
+            name=f"guide-{self.stage.name}-{sbatch.slug(label)}", nodes=nodes,
             time_min=self.spec.time_limit_min, partition=self.spec.partition,
             account=self.spec.account, gpus_per_node=gpus)
 
-    def _wait_running(self, jobid: str) -> str:
-        """The job's nodelist once it runs; NotAllocated when it ends first or is still not
-        running after `schedule_timeout_s` (the caller cancels it)."""
-        limit = float(self.spec.schedule_timeout_s)
-        last = "not yet in squeue"
-
-        def look(elapsed) -> tuple[bool, str | None]:
-            nonlocal last
-            call = self.door.run(batch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-            got = batch.parse_queue(call.stdout) if call.ok else None
-            if got and got[0] == "RUNNING" and got[2]:
-                return True, got[2]
-            if got is None and (call.ok or "Invalid job id" in call.stderr):
-                raise NotAllocated(f"job {jobid} left the queue before it ran ({last})")
-            if got is not None:
-                if got[0] not in STARTING and got[0] != "RUNNING":
-                    raise NotAllocated(f"job {jobid} is {got[0]} ({got[1]}) before it ran")
-                last = f"{got[0]}, reason {got[1]}"
-            return False, None
-
-        nodelist = wait_until(self.door, look, limit, poll_s=POLL_FIRST_S, max_poll_s=POLL_MAX_S)
-        if nodelist is None:
-            raise NotAllocated(f"job {jobid} was not running after schedule_timeout_s = "
-                               f"{limit:g} s ({last}); cancelled", timed_out=True)
-        return nodelist
-
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
-        """The allocation's nodes once it runs (NotAllocated when it does not)."""
-        return self._allocated_nodes(self._wait_running(jobid))
+        """The allocation's nodes once it runs (NotAllocated when it does not, or is still not
+        running after `schedule_timeout_s`)."""
+        return self._allocated_nodes(waits.wait_running(self.door, jobid,
+                                                        float(self.spec.schedule_timeout_s)))
 
     def _wrapper(self, name: str, per_node: list[tuple[list[str], dict[str, str]]],
                  base: str) -> str:
-        return batch.wrapper_script(name, per_node, base)
+        return sbatch.wrapper_script(name, per_node, base)
 
     def _run_step(self, argv: list[str], *, timeout: float, label: str) -> CallResult:
         """One step run to its end from this machine (srun waits for its tasks)."""
@@ -435,8 +392,8 @@ class SlurmPlace(SlurmServing, Place):
 
     def _allocated_nodes(self, nodelist: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
         """The allocation's node names in node-rank order, and each one's scontrol facts."""
-        names = self._query(batch.hostnames_argv(nodelist)).stdout.split()
-        info = batch.parse_nodes(self._query(batch.show_node_argv(nodelist)).stdout)
+        names = self._query(sbatch.hostnames_argv(nodelist)).stdout.split()
+        info = parse.parse_nodes(self._query(sbatch.show_node_argv(nodelist)).stdout)
         if not names:
             raise NotAllocated(f"scontrol show hostnames {nodelist} named no node")
         return names, info
@@ -448,47 +405,28 @@ class SlurmPlace(SlurmServing, Place):
         if jobid in self._released:
             return None
         self._released.add(jobid)
-        self.door.run(batch.cancel_argv(jobid), timeout=SUBMIT_TIMEOUT_S, check=False)
+        self.door.run(sbatch.cancel_argv(jobid), timeout=waits.SUBMIT_TIMEOUT_S, check=False)
+        return waits.wait_gone(self.door, jobid)
 
-        def look(elapsed) -> tuple[bool, bool]:
-            call = self.door.run(batch.queue_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-            gone = batch.parse_queue(call.stdout) is None and (call.ok or "Invalid job id"
-                                                               in call.stderr)
-            return gone, gone
+    # ---- serving (lib.places.slurm.serve, lib.places.slurm.aiperf) -----------------------------
+    def model(self, engine: str, announce: bool = False):
+        """The model to serve and the gate of how it was had (SlurmServing.model)."""
+        return self.serving.model(engine, announce)
 
-        return wait_until(self.door, look, RELEASE_TIMEOUT_S, poll_s=POLL_FIRST_S,
-                          max_poll_s=POLL_MAX_S)
+    def serve(self, spec: ServeSpec) -> AbstractContextManager[SlurmServer]:
+        """The server as steps of an allocation (SlurmServing.serve)."""
+        return self.serving.serve(spec)
 
-    def _steps(self, jobid: str) -> list[tuple[str, str]] | None:
-        """The job's steps (id, name) in `squeue -s`; [] once the job is gone, None when squeue
-        could not say."""
-        call = self.door.run(batch.steps_argv(jobid), timeout=QUERY_TIMEOUT_S, check=False)
-        if call.ok:
-            return batch.parse_steps(call.stdout)
-        return [] if "Invalid job id" in call.stderr else None
+    def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
+        """Until the server answers, then its logs gated (SlurmServing.wait_ready); a plan
+        stops here."""
+        self.serving.wait_ready(server, spec, add, started)
 
-    def _cancel_steps(self, jobid: str, names: list[str]) -> None:
-        """scancel the steps of the job named `names` (a step whose srun was ended, or timed
-        out, may outlive it)."""
-        for step, name in self._steps(jobid) or []:
-            if name in names:
-                self.door.run(batch.cancel_argv(step), timeout=SUBMIT_TIMEOUT_S, check=False)
+    def read_model_config(self, server, model: dict[str, Any]):
+        """The served model's config.json (SlurmServing.read_model_config)."""
+        return self.serving.read_model_config(server, model)
 
-    def _steps_gone(self, jobid: str, names: list[str]) -> list[str] | None:
-        """Until no step named `names` is left in `squeue -s` (each one still there cancelled
-        by its id, once): the ones left at the deadline ([] when gone; None when squeue could
-        not say)."""
-        deadline = self.door.now() + RELEASE_TIMEOUT_S
-        delay, cancelled = POLL_FIRST_S, False
-        while True:
-            steps = self._steps(jobid)
-            left = None if steps is None else sorted(s for s, n in steps if n in names)
-            if not left or self.door.now() > deadline:
-                return left
-            if left and not cancelled:  # its srun is gone, the step not yet: ended by its id
-                for step in left:
-                    self.door.run(batch.cancel_argv(step), timeout=SUBMIT_TIMEOUT_S,
-                                  check=False)
-                cancelled = True
-            self.door.sleep(delay)
-            delay = min(delay * 2, POLL_MAX_S)
+    def aiperf_beside(self, server: SlurmServer, argv_for, *, timeout: float, out: Path,
+                      name: str) -> CallResult:
+        """One AIPerf cell as a step of the server's allocation (lib.places.slurm.aiperf)."""
+        return aiperf.aiperf_beside(self, server, argv_for, timeout=timeout, out=out, name=name)

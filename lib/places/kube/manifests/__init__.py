@@ -8,7 +8,7 @@ objects with kubectl; the plan place writes them (`to_yaml`) and checks them (`v
 kubernetes-validate --strict; `embedded_scripts`: the shell scripts inside them, for shellcheck).
 
 The modules, by what they render (every name below is re-exported here, so
-`import lib.places.manifests as manifests` is the one way in):
+`import lib.places.kube.manifests as manifests` is the one way in):
 
 - `common`: labels and names, the `$(VAR)` expansion check of the scripts it renders, resources
   and the pieces of a pod spec.
@@ -37,31 +37,31 @@ that uses it (of `common` when several do).
 """
 from __future__ import annotations
 
-from lib.places.manifests.aiperf import (  # noqa: F401
+from lib.places.kube.manifests.aiperf import (  # noqa: F401
     AIPERF_CPU_MEMORY, AIPERF_TTL_S, ARTIFACT_ROOT, DEFAULT_AIPERF_NAME, SWEEP_STAGE, LeaderCache,
     aiperf_job, aiperf_script)
-from lib.places.manifests.common import (  # noqa: F401
+from lib.places.kube.manifests.common import (  # noqa: F401
     DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, DEFAULT_TOLERATIONS, EFA_RESOURCE, GPU_RESOURCE,
     GROUP_LABEL, HF_TOKEN_ENV, HF_TOKEN_KEY, HOSTNAME_LABEL, HTTP_PORT, HTTP_SERVICE_SUFFIX,
     HUGEPAGES_2MI, HUGEPAGES_RESOURCE, INSTANCE_TYPE_LABEL, LABEL_VALUE_MAX, LABEL_VALUE_RULE,
     NAME_MAX, NAME_RULE, POD_CPU_MEMORY, PRIVILEGED_WHY, PRIVILEGED_WHY_ANNOTATION, ROLE_LABEL,
     RUN_LABEL, RUN_LABEL_HASH, RUN_LABEL_HEAD, SHM_PATH, SHM_SIZE, STAGE_LABEL, TOKEN_VARS, Role,
     http_service_name, labels, leader_url, rendezvous_host, run_label_value, run_selector)
-from lib.places.manifests.lws import (  # noqa: F401
+from lib.places.kube.manifests.lws import (  # noqa: F401
     LWS_API_VERSION, LWS_RESOURCE, leaderworkerset_objects, lws_addresses, lws_objects,
     lws_pod_names)
-from lib.places.manifests.output import (  # noqa: F401
+from lib.places.kube.manifests.output import (  # noqa: F401
     KUBE_VERSION, NEWER_THAN_1_20, VALIDATOR, embedded_scripts, for_kube_1_20, pod_specs, to_yaml,
     validate_argv)
-from lib.places.manifests.probe import (  # noqa: F401
+from lib.places.kube.manifests.probe import (  # noqa: F401
     PROBE_CPU_MEMORY, PROBE_DEADLINE_S, PROBE_FORMAT, PROBE_HOST_ROOT, PROBE_KEYS,
     PROBE_NAME_PREFIX, PROBE_PREFIX, PROBE_STAGE, node_probe_pod, parse_probe_log, probe_pod_name,
     probe_script)
-from lib.places.manifests.ranks import (  # noqa: F401
+from lib.places.kube.manifests.ranks import (  # noqa: F401
     DEFAULT_RANK_NAME, GUIDE_MOUNT, KERNEL_STAGE, MODULES_MAX_BYTES, MODULES_SUFFIX,
     NODE_RANK_LABEL, PYTHONPATH_PREFIX, RDZV_PORT, kernel_test_objects, module_key,
     modules_configmap, rank_objects)
-from lib.places.manifests.serve import (  # noqa: F401
+from lib.places.kube.manifests.serve import (  # noqa: F401
     DP_RPC_PORT, MODEL_CACHE_PATH, POD_NAME_LABEL, READINESS_PERIOD_S, SERVE_STAGE,
     EngineCommands, OrdinalFrom, ServeRender, engine_commands, entrypoint_script, leader_selector,
     pinned_model_default,

@@ -1,5 +1,5 @@
-"""The kube place planning (lib.places.plan: the plan place): the kube place's own code, its
-effects turned into records. Where it would apply, the objects are written into the stage's
+"""The kube place planning (the plan place, lib.places.planning): the kube place's own code
+(KubePlan is a KubePlace), its effects turned into records. Where it would apply, the objects are written into the stage's
 `manifests/` folder and checked (`kubernetes-validate --strict` at the Kubernetes version EKS
 runs, shellcheck on every embedded script; gates), and the kubectl command is recorded
 (`door.plan`); where it would wait for pods or read logs, it stops with its one SKIP reason.
@@ -12,28 +12,36 @@ from __future__ import annotations
 from typing import Any
 
 from lib.core.evidence import gate
-import lib.places.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
+import lib.places.kube.manifests as manifests  # the renderers themselves, not lib.places (no cycle through it)
 from lib.places.base import ServeSpec
-from lib.places.kube import KubePlace
+from lib.places.kube.place import KubePlace
 from lib.places.planning import Planning, planned_image, tool
 
 PLACEHOLDER_CACHE = "/mnt/instance-store/hf-cache"  # said in the plan: set model_cache_dir
 
 
-class KubePlan(Planning, KubePlace):
+class KubePlan(KubePlace):
     """The kube place's own code, planning: objects rendered into manifests/, checked, and the
-    kubectl commands recorded; nothing applied, nothing waited for."""
-    target = "kube"
-    verb, past = "applies", "applied"
-    kept = "the objects are in manifests/, checked, and the kubectl commands in the transcript"
+    kubectl commands recorded; nothing applied, nothing waited for. What it says as it plans
+    (its placeholders, its one reason) is its `planning` (lib.places.planning.Planning)."""
+    kind = "plan"
+    plans_only = True
+
+    def __init__(self, stage, spec=None):
+        super().__init__(stage, spec)
+        self.planning = Planning(
+            self.door, target="kube", verb="applies", past="applied",
+            kept="the objects are in manifests/, checked, and the kubectl commands in the "
+                 "transcript")
+        self.what = self.planning.what
 
     # ---- what a plan cannot know ----------------------------------------------------------
     def _image(self) -> str:
         image = self.spec.image
         if not image:
             image = planned_image(self.stage)
-            self._note(f"image: {image} (02's tag for these pins; give -p image "
-                       "<registry>/<name>@sha256:... to plan the image you pushed)")
+            self.planning.note(f"image: {image} (02's tag for these pins; give -p image "
+                               "<registry>/<name>@sha256:... to plan the image you pushed)")
         return image
 
     def nodes(self) -> list[dict]:
@@ -45,8 +53,8 @@ class KubePlan(Planning, KubePlace):
                                            manifests.EFA_RESOURCE: str(spec.efa_per_node)},
                     "conditions": [{"type": "Ready", "status": "True"}]}}
                 for k in range(spec.nodes)]
-            self._note(f"nodes: node-0..node-{spec.nodes - 1} stand for the cluster's "
-                       f"{spec.instance_type} nodes (kubectl get nodes names them)")
+            self.planning.note(f"nodes: node-0..node-{spec.nodes - 1} stand for the cluster's "
+                               f"{spec.instance_type} nodes (kubectl get nodes names them)")
         return self._nodes
 
     def _run(self, *args: str, timeout: float = 120.0):
@@ -54,8 +62,8 @@ class KubePlan(Planning, KubePlace):
             self.door.plan(self.kubectl(*args), note="clean-up")
             return None
         if args[:1] == ("version",):
-            raise self._not_run("the cluster's version")
-        raise self._not_run(f"kubectl {args[0]}")
+            raise self.planning.not_run("the cluster's version")
+        raise self.planning.not_run(f"kubectl {args[0]}")
 
     def host_facts(self) -> list[dict[str, Any]]:
         facts = [{"node": n["metadata"]["name"]} for n in self.nodes()]
@@ -63,7 +71,7 @@ class KubePlan(Planning, KubePlace):
                                             image=self._image(), namespace=self.namespace,
                                             stage=self.stage.name) for f in facts]
         self.apply(objects, "node-probes")
-        raise self._not_run(f"the node probe ({len(objects)} pods)")
+        raise self.planning.not_run(f"the node probe ({len(objects)} pods)")
 
     # ---- effects turned into records ------------------------------------------------------
     def apply(self, objects: list[dict], name: str) -> str:
@@ -97,7 +105,7 @@ class KubePlan(Planning, KubePlace):
         self.door.plan(self.kubectl("wait", "--for", "condition=" + (
             "Ready" if not done else "complete"), "--timeout", f"{int(timeout_s)}s",
             *[f"pod/{n}" for n in names]), note=f"wait until {what}")
-        raise self._not_run(f"{', '.join(names)} ({what})")
+        raise self.planning.not_run(f"{', '.join(names)} ({what})")
 
     def _model_cache_dir(self) -> str:
         """The one given, else the plan's placeholder (the parameters stay as given)."""
@@ -105,8 +113,9 @@ class KubePlan(Planning, KubePlace):
 
     def serve(self, spec: ServeSpec):
         if not self.spec.model_cache_dir:
-            self._note(f"model_cache_dir: {PLACEHOLDER_CACHE} (where your nodes mount their "
-                       "NVMe instance storage: give -p model_cache_dir)")
+            self.planning.note(
+                f"model_cache_dir: {PLACEHOLDER_CACHE} (where your nodes mount their "
+                "NVMe instance storage: give -p model_cache_dir)")
         return super().serve(spec)
 
     def clean_up(self) -> None:

@@ -4,7 +4,7 @@ spec (GPU pods, headless Services, the serve's HTTP URL). No parameter is checke
 stage's model accepted every value (lib.stages.registry, lib.stages.rules_places).
 
 Pure: parameters in, plain dicts out; nothing here reads a file or talks to a cluster.
-ANCHORS, DESIGN, R, V, PR: as the package's docstring (lib.places.manifests) says.
+ANCHORS, DESIGN, R, V, PR: as the package's docstring (lib.places.kube.manifests) says.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def run_selector(run_id: str) -> str:
 # Nothing here checks a parameter: the stage's model accepted them (lib.stages.registry: the
 # namespace, the image by digest or an immutable tag, the instance type, the Secret's name, an
 # absolute model_cache_dir), and the names, roles, ports and folders are the guide's own (object
-# names from lib.places.kube_pods.object_name).
+# names from lib.places.kube.pods.object_name).
 def _image(image: str) -> tuple[str, str]:
     """(image, imagePullPolicy): by digest -> IfNotPresent; by an explicit tag -> Always (a tag
     can be moved; ANCHORS 4: dated tags, never `:latest` with IfNotPresent)."""

@@ -6,7 +6,7 @@ here: the stage's model accepted them, lib.stages.registry):
 
 - `vllm_objects`: the serve as a StatefulSet (pod 0 the leader, the others `--headless`
   workers), a headless Service for the rendezvous and a second Service, for HTTP, that selects
-  pod 0 only (lib.places.manifests.lws: the same render as a LeaderWorkerSet);
+  pod 0 only (lib.places.kube.manifests.lws: the same render as a LeaderWorkerSet);
 - `entrypoint_script`: the container's bash script, which finds its ordinal and execs its argv;
 - `serve_argv`: one ordinal's (argv, env), as the entrypoint runs it.
 
@@ -30,7 +30,7 @@ from lib.engines.transport import DEFAULT_PLUGIN_PATH, unset_vars
 from lib.engines import catalog
 from lib.engines.base import EngineSpec, process_regex
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
-from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
+from lib.places.kube.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
                                          HTTP_PORT, HUGEPAGES_2MI, ROLE_LABEL, RUN_LABEL,
                                          SHM_PATH, _check_kube_expansion, _count, _cpu_memory,
                                          _env_list, _gpu_pod_spec, _headless_service, _image,
@@ -178,7 +178,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
     """Every value of a serve rendering (as vllm_objects lists them), with each node's argv and
     env (engine_commands): the stage's, as its model accepted them (lib.stages.registry: the
     EP divisibility of the model over nodes x GPUs, GPUs per node >= 1 on the kube place,
-    lib.stages.rules_places), and the guide's own (`name`: lib.places.kube_pods.object_name)."""
+    lib.stages.rules_places), and the guide's own (`name`: lib.places.kube.pods.object_name)."""
     image, pull = _image(image)
     kind = INSTANCE_TYPES[instance_type]
     gpus = _count(gpus_per_node, kind.gpus)
@@ -277,7 +277,7 @@ def render_entrypoint(render: ServeRender, *, ordinal_from: OrdinalFrom = "hostn
     """entrypoint_script of a render. `ordinals`: the branches it holds (of 0..nodes - 1;
     default every node's). `addresses`: each rendered node address -> the shell expansion the
     script runs in its place (a LeaderWorkerSet's, from LWS_LEADER_ADDRESS:
-    lib.places.manifests.lws)."""
+    lib.places.kube.manifests.lws)."""
     chosen = sorted(render.argvs if ordinals is None else set(ordinals))
     find = _find_ordinal(render.name, ordinal_from)
     unset = f"unset {' '.join(render.unset)}\n" if render.unset else ""

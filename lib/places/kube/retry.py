@@ -29,7 +29,7 @@ from typing import Callable
 
 from lib.core.door import CallResult
 from lib.core.errors import PlaceError
-from lib.places.kube_pods import foreign_objects
+from lib.places.kube.pods import foreign_objects
 
 # How long a call keeps trying while the API server does not answer. An API server restart
 # of the test plane (tests/kubeplane.py, 1.20.2: TERM, then /readyz again) takes a few

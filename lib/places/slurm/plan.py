@@ -1,8 +1,8 @@
-"""The slurm place planning (lib.places.plan: the plan place): the slurm place's own code
-(lib.places.slurm, its serving lib.places.slurm_serve), its effects turned into records: every
-sbatch, srun and scancel recorded (`door.plan`), every step's script and each allocation's batch
-script written into the stage's `scripts/` and checked by shellcheck (a gate each); where it
-would wait, it stops with its one SKIP reason.
+"""The slurm place planning (the plan place, lib.places.planning): the slurm place's own code
+(SlurmPlan is a SlurmPlace, serving through the same lib.places.slurm.serve), its effects
+turned into records: every sbatch, srun and scancel recorded (`door.plan`), every step's script
+and each allocation's batch script written into the stage's `scripts/` and checked by
+shellcheck (a gate each); where it would wait, it stops with its one SKIP reason.
 """
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from typing import Any
 from lib.core.door import Background, CallResult
 from lib.core.evidence import gate
 from lib.engines import catalog
-import lib.places.batch as batch  # the module, not the package (no cycle through it)
+import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.base import ServeSpec
 from lib.places.planning import Planning, planned_image, tool
-from lib.places.slurm import PROBE_TIMEOUT_S, SlurmPlace, SlurmServer
+from lib.places.slurm.place import PROBE_TIMEOUT_S, SlurmPlace
+from lib.places.slurm.serve import SlurmServer
 
 SHELLCHECK_TIMEOUT_S = 120.0
 
 
-class SlurmPlan(Planning, SlurmPlace):
+class SlurmPlan(SlurmPlace):
     """The slurm place's own code, planning: every sbatch, srun and scancel recorded
     (`door.plan`), every step's script and each allocation's batch script written into the
     stage's `scripts/` and checked by shellcheck (a gate each); nothing submitted, nothing
@@ -31,14 +32,18 @@ class SlurmPlan(Planning, SlurmPlace):
     What a plan cannot know is a placeholder, said once in the transcript (`# ...`): the job
     ids (`<job-N>`), the nodes (`node-0`, ... as their names and addresses), the image when
     neither `image` nor `venv` is given (02's tag for these pins), and, in the written scripts,
-    the run's folder and the checkout (`{run}`, `{repo}`: on the shared file system)."""
-    target = "slurm"
-    verb, past = "submits", "submitted"
-    kept = ("the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines in "
-            "the transcript")
+    the run's folder and the checkout (`{run}`, `{repo}`: on the shared file system). What it
+    says as it plans is its `planning` (lib.places.planning.Planning)."""
+    kind = "plan"
+    plans_only = True
 
     def __init__(self, stage, spec=None):
         super().__init__(stage, spec)
+        self.planning = Planning(
+            self.door, target="slurm", verb="submits", past="submitted",
+            kept="the scripts are in scripts/, shellchecked, and the sbatch/srun/scancel lines "
+                 "in the transcript")
+        self.what = self.planning.what
         self._planned: dict[str, dict[str, Any]] = {}  # job id -> its label, sbatch, steps
         self._files = 0
 
@@ -47,8 +52,8 @@ class SlurmPlan(Planning, SlurmPlace):
         image = super()._image()
         if not image and not self.spec.venv:
             image = planned_image(self.stage)
-            self._note(f"image: {image} (02's tag for these pins; give -p image "
-                       "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
+            self.planning.note(f"image: {image} (02's tag for these pins; give -p image "
+                               "<registry>/<name>@sha256:... or -p venv /shared/path/.venv)")
         return image
 
     def gpus(self) -> int:
@@ -57,9 +62,10 @@ class SlurmPlan(Planning, SlurmPlace):
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
         nodes = int(self._planned[jobid]["nodes"])
         names = [f"node-{k}" for k in range(nodes)]
-        self._note("nodes: node-0, node-1, ... stand for the nodes Slurm allocates, in node-rank "
-                   "order (scontrol show hostnames names them; their NodeAddr is node 0's "
-                   "address)")
+        self.planning.note(
+            "nodes: node-0, node-1, ... stand for the nodes Slurm allocates, in node-rank "
+            "order (scontrol show hostnames names them; their NodeAddr is node 0's "
+            "address)")
         return names, {n: {"node_addr": n} for n in names}
 
     def host_facts(self) -> list[dict[str, Any]]:
@@ -72,7 +78,7 @@ class SlurmPlan(Planning, SlurmPlace):
                            timeout=PROBE_TIMEOUT_S, label="the node probe")
         finally:
             self.release(jobid)
-        raise self._not_run("the node probe")  # pragma: no cover (_run_step raised)
+        raise self.planning.not_run("the node probe")  # pragma: no cover (_run_step raised)
 
     def model(self, engine: str, announce: bool = False):
         if engine in self.engines and not catalog.engine(engine).expert_parallel:
@@ -81,14 +87,14 @@ class SlurmPlan(Planning, SlurmPlace):
                             str(self.spec.seed), "--layers", str(self.spec.model_layers)],
                            note="the seeded model, built where the guide runs, into the "
                                 "checkout's .cache/ on the shared file system")
-            raise self._not_run("building the seeded model")
+            raise self.planning.not_run("building the seeded model")
         return super().model(engine, announce)
 
     # ---- effects turned into records ------------------------------------------------------
     def _allocate(self, label: str, nodes: int, gpus: int) -> str:
         argv = self._alloc_argv(label, nodes, gpus)
         jobid = f"<job-{len(self.jobs) + 1}>"
-        self._note("<job-N>: the job id sbatch --parsable prints for the N-th allocation")
+        self.planning.note("<job-N>: the job id sbatch --parsable prints for the N-th allocation")
         self.door.plan(argv, note=f"allocate {nodes} node(s): {label}")
         self.jobs.append(jobid)
         self._planned[jobid] = {"label": label, "nodes": nodes, "alloc": argv, "steps": []}
@@ -99,7 +105,7 @@ class SlurmPlan(Planning, SlurmPlace):
                  base: str) -> str:
         """The wrapper rendered from its normalized words ({run}, {repo}: quoted as words)."""
         norm = self.door.norm
-        return batch.wrapper_script(name, [([norm(str(a)) for a in argv],
+        return sbatch.wrapper_script(name, [([norm(str(a)) for a in argv],
                                              {k: norm(str(v)) for k, v in env.items()})
                                             for argv, env in per_node], norm(base))
 
@@ -111,9 +117,9 @@ class SlurmPlan(Planning, SlurmPlace):
         per_node = next((a.split("=", 1)[1] for a in argv
                          if a.startswith("--ntasks-per-node=")), "1")
         tasks = (f"every task of one MPI world ({per_node} per node)" if "--label" in argv
-                 else "one task on one node")  # lib.places.batch.world_argv labels its tasks
+                 else "one task on one node")  # sbatch.world_argv labels its tasks
         text = (command[2] if command[:2] == ["bash", "-c"] else
-                batch.task_script(label, command, tasks))
+                sbatch.task_script(label, command, tasks))
         self._check_script(label, text, "sh")
         self.door.plan(argv, note=label + (" (left running)" if background else ""))
         self._planned[jobid]["steps"].append((words, background, label))
@@ -121,7 +127,7 @@ class SlurmPlan(Planning, SlurmPlace):
     def _check_script(self, label: str, text: str, ext: str) -> str:
         """`text` (its paths already {run}/{repo}) into scripts/, then shellcheck: a gate."""
         self._files += 1
-        rel = self.stage.write_text(f"scripts/{self._files:02d}-{batch.slug(label)}.{ext}",
+        rel = self.stage.write_text(f"scripts/{self._files:02d}-{sbatch.slug(label)}.{ext}",
                                     text)
         checked = self.door.run([tool("shellcheck"), "-s", "bash",
                                  str(self.stage.run_dir / rel)],
@@ -133,15 +139,15 @@ class SlurmPlan(Planning, SlurmPlace):
 
     def _run_step(self, argv: list[str], *, timeout: float, label: str) -> CallResult:
         self._record_step(argv, label, background=False)
-        raise self._not_run(label)
+        raise self.planning.not_run(label)
 
     def _start_step(self, argv: list[str], *, log_path: Path, label: str) -> Background | None:
         self._record_step(argv, label, background=True)
         return None
 
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
-        raise self._not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) (its "
-                            "readiness, its answers, AIPerf)")
+        raise self.planning.not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) (its "
+                                    "readiness, its answers, AIPerf)")
 
     def release(self, jobid: str) -> bool | None:
         """scancel recorded; the allocation's batch script written and checked."""
@@ -149,8 +155,8 @@ class SlurmPlan(Planning, SlurmPlace):
             return None
         self._released.add(jobid)
         job = self._planned[jobid]
-        self.door.plan(batch.cancel_argv(jobid), note=f"cancel the allocation: {job['label']}")
-        self._check_script(f"{job['label']} batch", batch.batch_script(
+        self.door.plan(sbatch.cancel_argv(jobid), note=f"cancel the allocation: {job['label']}")
+        self._check_script(f"{job['label']} batch", sbatch.batch_script(
             job["label"], [self.door.norm(a) for a in job["alloc"]], job["steps"], notes=[
                 "a plan: {run} and {repo} stand for the run's folder and the guide's checkout "
                 "on the file system the nodes share"]), "sbatch")

@@ -1,4 +1,4 @@
-"""The serve as a LeaderWorkerSet: the same render (lib.places.manifests.serve.serve_render) as
+"""The serve as a LeaderWorkerSet: the same render (lib.places.kube.manifests.serve.serve_render) as
 the StatefulSet, as one LWS group and the HTTP Service over its leader.
 
 Pure: values in, plain dicts out (the render reads pins.yaml for the default model).
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lib.places.manifests.common import (GROUP_LABEL, RUN_LABEL, _pod_annotations,
+from lib.places.kube.manifests.common import (GROUP_LABEL, RUN_LABEL, _pod_annotations,
                                          labels, rendezvous_host, run_label_value)
-from lib.places.manifests.serve import (LWS_LEADER_VAR, ServeRender, _http_service,
+from lib.places.kube.manifests.serve import (LWS_LEADER_VAR, ServeRender, _http_service,
                                         _serve_container, _serve_pod_spec, leader_selector,
                                         render_entrypoint, serve_render)
 

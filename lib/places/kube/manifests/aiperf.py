@@ -9,11 +9,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from lib.places.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
+from lib.places.kube.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_NAME, GROUP_LABEL,
                                          HTTP_PORT, _affinity_beside, _check_kube_expansion,
                                          _env_list, _image, _resources, _tolerations, labels,
                                          leader_url)
-from lib.places.manifests.serve import MODEL_CACHE_PATH
+from lib.places.kube.manifests.serve import MODEL_CACHE_PATH
 from lib.places.stream import pack_command
 
 DEFAULT_AIPERF_NAME = "aiperf"

@@ -14,7 +14,7 @@ from lib.engines.deepep import test_ep_argv, test_ep_env
 from lib.engines.transport import DEFAULT_PLUGIN_PATH, transport_env, unset_vars
 from lib.places.base import NodeRank
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
-from lib.places.manifests.common import (DEFAULT_NAMESPACE, GROUP_LABEL, HUGEPAGES_2MI,
+from lib.places.kube.manifests.common import (DEFAULT_NAMESPACE, GROUP_LABEL, HUGEPAGES_2MI,
                                          RUN_LABEL, SHM_PATH, _check_kube_expansion, _count,
                                          _cpu_memory, _env_list, _gpu_pod_spec,
                                          _headless_service, _image, _pod_annotations,
@@ -72,7 +72,7 @@ def rank_objects(*, run_id: str, image: str, nodes: int,
     process's start with `env -u`, an image's ENV included). One pod per node (required anti-affinity), on `instance_type` nodes;
     requests == limits for GPUs, EFA devices, hugepages, memory and cpu; privileged only when
     `needs_gdrcopy` (DeepEP over EFA), with PRIVILEGED_WHY beside it. `modules` ({path relative
-    to the repository root: text}, lib.places.kube_files.guide_files): the ConfigMap
+    to the repository root: text}, lib.places.kube.files.guide_files): the ConfigMap
     `<name>-modules` holding them, mounted read-only at GUIDE_MOUNT in every pod, GUIDE_MOUNT
     first on PYTHONPATH (PYTHONPATH_PREFIX)."""
     image, pull = _image(image)
@@ -175,7 +175,7 @@ def kernel_test_objects(*, run_id: str, image: str, nodes: int, tests_dir: str,
     lib.engines.deepep's torchrun form (one rank per GPU, `--nproc-per-node` = `--num-processes`
     = GPUs per node, --nnodes, the node rank, the rendezvous on node 0's DNS name and port) and
     env. `pod_params` may carry `modules` (the job's guide files: lib.engines.deepep's
-    TEST_EP_MODULES as lib.places.kube_files.guide_files reads them)."""
+    TEST_EP_MODULES as lib.places.kube.files.guide_files reads them)."""
     gpus = _count(gpus_per_node, INSTANCE_TYPES[instance_type].gpus)
 
     def argv(node: NodeRank) -> list[str]:

@@ -40,7 +40,8 @@ except ImportError:  # tests/ imported as a package
 pytestmark = needs_slurm
 CONF = ("ReturnToService=1", "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
         "PartitionName=urgent Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=2",
-        "PartitionName=slow Nodes=n3 MaxTime=INFINITE State=UP")
+        "PartitionName=slow Nodes=n3 MaxTime=INFINITE State=UP",
+        "PartitionName=downed Nodes=n1,n2 MaxTime=INFINITE State=DOWN")
 ACCOUNT = ": Slurm's account of the step"
 DOWN_REASON = "fault test: down mid-step"
 
@@ -235,3 +236,56 @@ def test_a_job_past_its_time_limit_fails_saying_timeout_with_the_limit(cluster, 
                                                                                "TimeLimit")
     assert "time limit 00:01:00 = time_limit_min 1" in account.reason
     assert_nothing_left(cluster)
+
+
+def test_a_down_partition_fails_00_and_03_at_the_first_squeue_quoting_partitiondown(cluster,
+                                                                                     tmp_path):
+    """A partition that is DOWN (issue 43): the allocation pends with reason PartitionDown,
+    which cannot clear by itself, so 00's probe and 03's ranks end at the first squeue that
+    says so, not after schedule_timeout_s; 03's exit gate quotes why no rank started (never
+    "exited None"); the job is cancelled, nothing left behind."""
+    from lib.bench import result as bench_result
+    from lib.core.errors import PlaceError
+
+    limit = 120.0
+    probe = slurm_stage(tmp_path / "00", "00_cluster", {"partition": "downed",
+                                                        "schedule_timeout_s": limit})
+    started = time.monotonic()
+    with pytest.raises(PlaceError, match="PENDING, reason PartitionDown .*cannot clear by "
+                                         "itself"):
+        SlurmPlace(probe).host_facts()
+    assert time.monotonic() - started < 15  # the first squeues, not the 120 s
+
+    stage = slurm_stage(tmp_path / "03", "03_kernel_test", {**KERNEL, "partition": "downed",
+                                                            "schedule_timeout_s": limit})
+    job = RankJob("never runs", argv=lambda node: ["true"], env=lambda node: {},
+                  timeout_s=60, nodes=2)
+    started = time.monotonic()
+    runs = SlurmPlace(stage).run_ranks(job)
+    assert time.monotonic() - started < 15
+    assert [r.rc for r in runs] == [None, None] and not any(r.timed_out for r in runs)
+    assert all("reason PartitionDown (the partition required by this job is in a DOWN state)"
+               in r.stderr for r in runs), runs[0].stderr
+    (exit_gate,) = [g for g in bench_result.gates_from_result(None, None, runs[0].stderr)
+                    if g["gate"] == bench_result.GATE_EXIT]
+    assert exit_gate["status"] == "FAIL" and "None" not in exit_gate["reason"]
+    assert exit_gate["reason"].startswith("no rank exited: job ")
+    assert "PartitionDown" in exit_gate["reason"]
+    stage.close_resources()
+    deadline = time.monotonic() + 30
+    while "downed" in cluster.run("squeue", "-h", "-o", "%P").stdout.split():
+        assert time.monotonic() < deadline, "the pending jobs were not cancelled"
+        time.sleep(0.2)
+
+
+def test_only_the_reasons_slurm_says_cannot_clear_end_a_wait():
+    """The list and its source (lib.places.slurm.waits.HOPELESS_REASONS): a reason that clears
+    as other jobs end is waited out; one with the nodes it names is read by its code."""
+    from lib.places.slurm import waits
+
+    assert waits.hopeless("PartitionDown") == ("the partition required by this job is in a "
+                                               "DOWN state")
+    assert waits.hopeless("ReqNodeNotAvail, UnavailableNodes:n1") is not None
+    for clears in ("Resources", "Priority", "Dependency", "ReqNodeNotAvail", "None",
+                   "AssocGrpGRES", "QOSMaxNodePerJobLimit", "BeginTime"):
+        assert waits.hopeless(clears) is None, clears

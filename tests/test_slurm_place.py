@@ -501,6 +501,16 @@ def test_nodes_with_gres_gpus_are_allocated_and_probed_with_them(tmp_path_factor
                  if e["kind"] == "run" and e["key"][0] in ("sbatch", "srun")]
         assert all("--gres=gpu:2" in argv for argv in calls) and len(calls) == 2
         assert all(f["probe_complete"] for f in facts)
+        # 00's gates on a p5en run (8 GPUs a node): each node FAILs quoting Slurm's gpu:2
+        from lib.stages.cluster import host_gates
+
+        gated = {g.gate: g for f in facts
+                 for g in host_gates(f, place.node_needs(), f["evidence"])}
+        for node in ("n1", "n2"):
+            gres_gate = gated[f"{node}: GPUs in Slurm's GRES"]
+            assert (gres_gate.status, gres_gate.observed, gres_gate.expected) == ("FAIL", 2, 8)
+            assert "Slurm reports GRES gpu:2 (2 GPU(s))" in gres_gate.reason
+            assert "Slurm reports GRES gpu:2" in gated[f"{node}: GPUs"].reason
         assert_nothing_left(gres)
 
 

@@ -133,8 +133,13 @@ def _finite_pos(v: Any) -> bool:
 
 
 def _exit_gate(rc: int, stderr: str, ev: list[str]) -> dict:
-    failures = failed_ranks_from_stderr(stderr)
     expected = "torchrun rc 0 and every rank exit 0"
+    if rc is None:  # no exit code: the place never started the ranks, or they timed out
+        said = next((line.strip() for line in stderr.splitlines() if line.strip()),
+                    "the place said nothing more")
+        return _gate(GATE_EXIT, FAIL, "no exit code", expected,
+                     f"no rank exited: {said}", ev)
+    failures = failed_ranks_from_stderr(stderr)
     if rc == 0 and not failures:
         return _gate(GATE_EXIT, PASS, "torchrun rc=0", expected, "torchrun exited 0", ev)
     if failures:

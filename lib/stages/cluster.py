@@ -31,7 +31,16 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
         gate(name("memory GiB"), facts["memory_gib"] >= MIN_MEMORY_GIB, facts["memory_gib"],
              f">= {MIN_MEMORY_GIB}", evidence=evidence),
     ]
-    if needs.gpus is not None:
+    if needs.gpus is not None and "gres" in facts:  # a Slurm node: its GRES beside the probe
+        declared = facts.get("gres_gpus") or 0
+        slurm_said = f"Slurm reports GRES {facts['gres'] or '(none)'} ({declared} GPU(s))"
+        gates.append(gate(name("GPUs"), gpus == needs.gpus, gpus, needs.gpus,
+                          f"GPUs the node's probe saw (nvidia-smi); {slurm_said}; the run asks "
+                          f"{needs.gpus} per node (gpus_per_node)", evidence))
+        gates.append(gate(name("GPUs in Slurm's GRES"), declared == needs.gpus, declared,
+                          needs.gpus, f"{slurm_said}: an allocation asks --gres=gpu:"
+                          f"{needs.gpus} of every node", evidence))
+    elif needs.gpus is not None:
         gates.append(gate(name("GPUs"), gpus == needs.gpus, gpus, needs.gpus,
                           evidence=evidence))
     elif gpus >= 2:

@@ -21,11 +21,42 @@ RELEASE_TIMEOUT_S = 120.0  # scancel until squeue no longer shows the job (KillW
 POLL_FIRST_S, POLL_MAX_S = 0.25, 5.0  # squeue while a job is pending or completing
 STARTING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING")  # not yet running, still coming
 FATE_TIMEOUT_S = 30.0  # a failed step's job until it leaves COMPLETING (KillWait, epilogs)
+# Pending reasons that cannot clear by themselves: an administrator or a changed request must act,
+# so waiting out schedule_timeout_s (900 s by default) would only delay the FAIL. From Slurm's
+# "Job Reason Codes" (https://slurm.schedmd.com/job_reason_codes.html, read 2026-12-07), each
+# with what it means there; Resources, Priority, Dependency, the Assoc*/QOS* limits and a plain
+# ReqNodeNotAvail (nodes busy or reserved) clear as other jobs end, and are waited out.
+HOPELESS_REASONS = {
+    "PartitionDown": "the partition required by this job is in a DOWN state",
+    "PartitionInactive": "the partition required by this job is inactive and not able to start "
+                         "jobs",
+    "PartitionConfig": "the job requests more resources than the partition allows (its "
+                       "configuration)",
+    "PartitionNodeLimit": "the nodes the job requires are outside its partition's limits",
+    "PartitionTimeLimit": "the job's time limit exceeds its partition's",
+    "AccountNotAllowed": "the job's account is not allowed in the partition",
+    "InvalidAccount": "the job's account is invalid",
+    "InvalidQOS": "the job's QOS is invalid",
+    "BadConstraints": "the job's constraints can not be satisfied",
+    "DependencyNeverSatisfied": "the job depends on a job that failed: it will never run",
+    "JobHeldAdmin": "the job is held by a system administrator",
+    "JobHeldUser": "the job is held by its user",
+    # with UnavailableNodes: the nodes it names are DOWN, DRAINED or not responding
+    "ReqNodeNotAvail, UnavailableNodes": "nodes the job requires are unavailable (down, "
+                                         "drained or not responding)",
+}
+
+
+def hopeless(reason: str) -> str | None:
+    """What a pending `reason` means when it cannot clear by itself (HOPELESS_REASONS), else
+    None."""
+    return HOPELESS_REASONS.get(reason.split(":")[0].strip())  # "<code>:<nodes>" names nodes
 
 
 def wait_running(door, jobid: str, limit: float) -> str:
-    """The job's nodelist once it runs; NotAllocated when it ends first or is still not
-    running after `limit` s (`schedule_timeout_s`; the caller cancels it)."""
+    """The job's nodelist once it runs; NotAllocated when it ends first, is pending for a
+    reason that cannot clear by itself (HOPELESS_REASONS: at the first squeue that says so), or
+    is still not running after `limit` s (`schedule_timeout_s`; the caller cancels it)."""
     last = "not yet in squeue"
 
     def look(elapsed) -> tuple[bool, str | None]:
@@ -40,6 +71,11 @@ def wait_running(door, jobid: str, limit: float) -> str:
             if got[0] not in STARTING and got[0] != "RUNNING":
                 raise NotAllocated(f"job {jobid} is {got[0]} ({got[1]}) before it ran")
             last = f"{got[0]}, reason {got[1]}"
+            meaning = hopeless(got[1]) if got[0] == "PENDING" else None
+            if meaning:
+                raise NotAllocated(f"job {jobid} is PENDING, reason {got[1]} ({meaning}): a "
+                                   "reason that cannot clear by itself (Slurm's job reason "
+                                   "codes), so the wait ends at once")
         return False, None
 
     nodelist = wait_until(door, look, limit, poll_s=POLL_FIRST_S, max_poll_s=POLL_MAX_S)

@@ -22,7 +22,7 @@ from lib.core.door import read_transcript
 from lib.core.errors import StageRefused
 from lib.core.stage import REFUSED_GATE
 from lib.places.kube import manifests
-from lib.stages import kernel, serve as serve_stage
+from lib.stages import cluster as cluster_stage, kernel, serve as serve_stage
 from tests import compose
 from tests import kubelet_double as kubelet
 from tests.kube_env import (IMAGE, IMAGE_ID, MODEL_CACHE, NODES, RECORDED_RUN, KubeEnv,
@@ -407,4 +407,40 @@ def test_two_runs_in_one_namespace_neither_takes_over_nor_deletes_the_other_s_ob
     stage_c.close_resources()  # C's clean-up: by C's run and stage labels
     assert runs_of_objects(env) == a_objects
     stage_a.close_resources()
+    assert env.objects_left() == []
+
+
+def test_00_fails_a_node_its_pods_cannot_use_naming_the_node(env, tmp_path):
+    """Issue 43: a node tainted NoSchedule with a taint the guide's pods do not tolerate, and a
+    node whose allocatable vpc.amazonaws.com/efa is 0 (the EFA device plugin not running), each
+    FAIL 00 naming the node and the fact, although their probes see every device."""
+    a, b = NODES
+    api = env.double._api
+    api.patch(f"/api/v1/nodes/{a}/status", {"status": {"allocatable": {
+        manifests.EFA_RESOURCE: "0"}}}, kind="strategic")
+    api.patch(f"/api/v1/nodes/{b}", {"spec": {"taints": [
+        {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"},
+        {"key": manifests.GPU_RESOURCE, "effect": "NoSchedule"},  # the guide tolerates this one
+        {"key": "example.com/soon", "effect": "PreferNoSchedule"}]}}, kind="merge")
+    try:
+        env.probes()
+        run = tmp_path / "run"
+        stage = env.stage("00_cluster", run)
+        cluster_stage.run(stage)
+        stage.finish()
+    finally:
+        api.patch(f"/api/v1/nodes/{b}", {"spec": {"taints": None}}, kind="merge")
+        api.patch(f"/api/v1/nodes/{a}/status", {"status": {"allocatable": {
+            manifests.EFA_RESOURCE: "16"}}}, kind="strategic")
+    failed = fails(stage)
+    assert set(failed) == {f"{a}: EFA devices allocatable",
+                           f"{b}: taints the guide's pods tolerate"}, failed
+    assert "0: the EFA device plugin is not running on the node" in failed[
+        f"{a}: EFA devices allocatable"]
+    assert failed[f"{b}: taints the guide's pods tolerate"].endswith(
+        "places none on the node: example.com/maintenance=true:NoSchedule")
+    passed = {g.gate for g in stage.gates if g.status == "PASS"}
+    assert {f"{a}: EFA devices", f"{b}: EFA devices allocatable",
+            f"{a}: taints the guide's pods tolerate"} <= passed
+    sealed(run, "00_cluster")
     assert env.objects_left() == []

@@ -50,6 +50,7 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
         gates.append(skip(name("GPUs for the GPU paths (NCCL bench, vLLM, DeepEP)"),
                           needs.no_gpus.format(gpus=gpus), evidence))
     gates.append(efa_gate(facts, needs, evidence, name))
+    gates += schedulable_gates(facts, needs, evidence, name)
     gates.append(gdrdrv_gate(facts, needs, evidence, name))
     if facts["hugepages_total"]:
         gates.append(gate(name("hugepages"), True, facts["hugepages_total"], "> 0",
@@ -72,6 +73,31 @@ def host_gates(facts: dict, needs: NodeNeeds, evidence: list[str]) -> list:
         gates.append(skip("Docker engine", "no Docker engine here (docker info: "
                           f"{facts['docker_error'] or 'failed'}): 02 lints and skips the build",
                           evidence))
+    return gates
+
+
+def schedulable_gates(facts: dict, needs: NodeNeeds, evidence: list[str], name) -> list:
+    """What a cluster's scheduler says of a node before any pod asks (a Kubernetes node's facts
+    carry them): the EFA devices its device plugin offers, which the later stages' pods ask for
+    (a probe can see the devices while the plugin offers none), and the taints none of the
+    guide's pods tolerate; each FAIL names the node and the fact, so 03 and 04 do not wait for
+    the scheduler's "0/2 nodes are available", which names no node."""
+    gates = []
+    if "efa_allocatable" in facts and needs.efa is not None:
+        offered = facts["efa_allocatable"]
+        gates.append(gate(name("EFA devices allocatable"), offered >= needs.efa, offered,
+                          f">= {needs.efa}",
+                          f"EFA devices the node offers its pods (allocatable, the EFA device "
+                          f"plugin's count); every rank and serve pod asks {needs.efa}"
+                          + ("; 0: the EFA device plugin is not running on the node"
+                             if offered == 0 else ""), evidence))
+    if "untolerated_taints" in facts:
+        blocked = facts["untolerated_taints"]
+        gates.append(gate(name("taints the guide's pods tolerate"), not blocked,
+                          blocked or "none", "none untolerated",
+                          ("taints no pod of the guide tolerates, so the scheduler places none "
+                           "on the node: " + ", ".join(blocked)) if blocked else
+                          "no taint keeps the guide's pods off the node", evidence))
     return gates
 
 

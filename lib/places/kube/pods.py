@@ -16,6 +16,31 @@ import lib.places.kube.manifests as manifests  # the renderers themselves, not l
 POLL_S = 2.0  # between two looks at a pod's status (the kube place's waits)
 
 
+# Taints that keep a pod off a node unless it tolerates them (PreferNoSchedule only steers)
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def untolerated(node: dict) -> list[str]:
+    """The node's taints that no pod of the guide tolerates (its pods carry
+    manifests.DEFAULT_TOLERATIONS), each as `key=value:effect`: the scheduler places none of
+    them there (Kubernetes' taint and toleration matching: same key, or an Exists toleration
+    without one; same effect, or a toleration without one; Equal needs the same value)."""
+    return [f"{t['key']}" + (f"={t['value']}" if t.get("value") else "") + f":{t.get('effect')}"
+            for t in (node.get("spec") or {}).get("taints") or []
+            if t.get("effect") in BLOCKING_EFFECTS
+            and not any(tolerates(toleration, t) for toleration in manifests.DEFAULT_TOLERATIONS)]
+
+
+def tolerates(toleration: dict, taint: dict) -> bool:
+    """Kubernetes' matching of one toleration and one taint."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint["key"]
+    return (toleration.get("key") == taint["key"]
+            and toleration.get("value", "") == taint.get("value", ""))
+
+
 def node_facts(node: dict, versions: dict) -> dict[str, Any]:
     """What `kubectl get nodes` says of one node, in the keys 00 gates."""
     meta, status = node["metadata"], node.get("status") or {}
@@ -28,6 +53,7 @@ def node_facts(node: dict, versions: dict) -> dict[str, Any]:
         "ready": ready,
         "taints": [f"{t['key']}:{t.get('effect')}" for t in
                    (node.get("spec") or {}).get("taints") or []],
+        "untolerated_taints": untolerated(node),
         "cpu_cores": _cpu(alloc.get("cpu", "0")),
         "memory_gib": round(_bytes(alloc.get("memory", "0")) / 2 ** 30, 1),
         "gpus": [{"index": i} for i in range(int(alloc.get(manifests.GPU_RESOURCE, 0)))],

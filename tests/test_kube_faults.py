@@ -444,3 +444,41 @@ def test_00_fails_a_node_its_pods_cannot_use_naming_the_node(env, tmp_path):
             f"{a}: taints the guide's pods tolerate"} <= passed
     sealed(run, "00_cluster")
     assert env.objects_left() == []
+
+
+def test_a_serve_pod_restarted_before_ready_fails_04_at_once_naming_node_and_reason(env,
+                                                                                     tmp_path):
+    """Issue 43: one node's serve pod exits 1 before the serve is ready (a gated model's 401,
+    say) and its StatefulSet's restartPolicy restarts it (CrashLoopBackOff next): 04 FAILs
+    within two polls of the restart, naming the pod, its node and the exit, not at
+    server_timeout_s (120 s here)."""
+    from lib.places.kube.pods import POLL_S
+
+    p = env.stage("04_serve", tmp_path / "probe").params
+    config = model_config(RECORDED_RUN / "model_config.json", experts=128, top_k=8)
+    env.serve("vllm", compose.compose_vllm_pods(tmp_path / "logs"), model=p["model"],
+              revision=p["model_revision"], config=config, ready=False)
+    got: dict = {}
+    worker = threading.Thread(target=lambda: got.update(stage=run_04(
+        env, tmp_path / "run", server_timeout_s=120)), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while True:
+        pod = env.double.find(env.namespace, "vllm-1")
+        if pod is not None and pod.phase == "Running":
+            break
+        assert time.monotonic() < deadline, "vllm-1 never ran"
+        time.sleep(0.1)
+    node = pod.node
+    kubelet.end_now(env.double, env.namespace, "vllm-1", exit_code=1, reason="Error",
+                    restarted=True)
+    struck = time.monotonic()
+    worker.join(120)
+    assert not worker.is_alive()
+    # two polls (4 s) and then the logs kept and the objects deleted: far from the 120 s
+    assert time.monotonic() - struck < 2 * POLL_S + 30
+    failed = fails(got["stage"])
+    assert f"pod vllm-1 on node {node}: Error (exit 1), restarted 1 time(s); now " \
+           "CrashLoopBackOff" in failed["server ready"], failed
+    sealed(tmp_path / "run", "04_serve")
+    assert env.objects_left() == []

@@ -210,6 +210,11 @@ def stuck_reason(pod: dict | None) -> str | None:
     return None
 
 
+def restarted(pod: dict | None) -> bool:
+    """Whether the kubelet restarted a container of the pod (restartCount > 0)."""
+    return any(c.get("restartCount") for c in _containers(pod))
+
+
 def trouble(pod: dict | None) -> str | None:
     """Why a pod is not running as asked, in the status' own words: the pod evicted
     ('Evicted: The node was low on resource: memory. ...'), a container terminated by the

@@ -13,7 +13,8 @@ from __future__ import annotations
 from lib.core.errors import NotScheduled
 from lib.places.cluster import wait_until
 from lib.places.kube.pods import (POLL_S, PodsNotCreated, PodStuck, failed_creations,
-                                  is_finished, is_ready, stuck_reason, unschedulable, where_pod)
+                                  is_finished, is_ready, restarted, stuck_reason, unschedulable,
+                                  where_pod)
 
 # A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
 # absent after this long are looked for in its FailedCreate events (an admission's refusal).
@@ -46,8 +47,11 @@ def wait_pods(place, names: list[str], *, done: bool, timeout_s: float,
             raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
         if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
             return True, pods
-        # a serve pod that exited will never be ready: the caller says why
-        return not done and any(p and is_finished(p) for p in pods.values()), pods
+        # a serve pod that exited, or that its restartPolicy restarted (CrashLoopBackOff next:
+        # its engine's group lost a rank), will never be ready: the caller says why at once,
+        # from the pod's status, instead of at server_timeout_s
+        return not done and any(p and (is_finished(p) or restarted(p))
+                                for p in pods.values()), pods
 
     return wait_until(place.door, look, timeout_s, f"{len(names)} pod(s) "
                       f"{'finished' if done else 'ready'}: {', '.join(names)}", poll_s=POLL_S)

@@ -351,7 +351,7 @@ def test_a_replay_refuses_a_different_identity_or_text(run_dir, tmp_path, live):
 
 
 def test_a_transcript_recorded_before_pseudonyms_replays_as_recorded(run_dir, tmp_path, state):
-    """A run recorded with raw addresses (kube-ctlplane-20261201's pod IPs): its replay hands
+    """A transcript holding raw addresses (a pod IP no pseudonym stands for): its replay hands
     the recorded text back and matches the raw values the code passes."""
     door = Door(run_dir, "04_serve")
     door.run(["echo", "plain"], timeout=10)

@@ -1,0 +1,4 @@
+#!/bin/bash
+# the server on node-0,node-1: every task of one MPI world (8 per node) of the allocation
+set -u
+exec env -u NVSHMEM_IB_ENABLE_IBGDA DEEPEP_V2_CPU_TIMEOUT_S=600 DEEPEP_V2_GPU_TIMEOUT_S=600 EP_EFA_MAX_QPS=2 EP_EFA_RDMA_GBS=25.0 EP_REUSE_NCCL_COMM=0 FI_EFA_ENABLE_SHM_TRANSFER=0 FI_EFA_USE_DEVICE_RDMA=1 FI_PROVIDER=efa NCCL_CUMEM_ENABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV NCCL_GIN_ENABLE=1 NCCL_GIN_TYPE=2 NCCL_IGNORE_DISABLED_P2P=1 NCCL_NET_PLUGIN=/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so NCCL_NVLS_ENABLE=0 'NCCL_SOCKET_IFNAME=^docker,lo,veth' OFI_NCCL_PROTOCOL=RDMA OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TRTLLM_CAN_USE_DEEP_EP=1 TRTLLM_MOE_DISABLE_ALLTOALLV=0 trtllm-llmapi-launch trtllm-serve serve Qwen/Qwen3-30B-A3B-FP8 --tp_size 16 --ep_size 16 --host 0.0.0.0 --port 8000 --backend pytorch --max_batch_size 16 --max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.7 --trust_remote_code

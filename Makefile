@@ -105,23 +105,20 @@ cluster-tests: venv kube-plane slurm
 	    "(exit $$rc: kube $$kube_rc, kube-ab $$kube_ab_rc, slurm+faults $$slurm_rc)"; exit $$rc
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
-# then the replayable notebooks of the further reference runs (results/REPLAYED), each against
-# its own run.
+# and the replayable notebooks of the further reference runs (results/REPLAYED), each against
+# its own run; three runs at a time (each a pytest of its own: REPRO_REPLAY names its run), each
+# line prefixed with its run, the phase failing if any run does.
+NBVAL := $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 nbval: venv
 	@test -n "$(REFERENCE)" || { echo "results/REFERENCE names no reference run"; exit 2; }
 	@start=$$(date +%s); \
-	REPRO_REPLAY=results/$(REFERENCE) $(PY) -m pytest -v -p no:cacheprovider --nbval \
-	  --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/ || exit 1; \
-	for run in $$(cut -d/ -f2 results/REPLAYED 2>/dev/null | sort -u); do \
-	  echo "replaying $$run"; \
-	  REPRO_REPLAY=results/$$run $(PY) -m pytest -v -p no:cacheprovider --nbval \
-	    --nbval-sanitize-with tests/nbval_sanitize.cfg $$(grep "^results/$$run/" results/REPLAYED) \
-	    || exit 1; \
-	done; \
-	echo "make test: nbval phase $$(( $$(date +%s) - start )) s wall"
-	@$(MAKE) --no-print-directory results-size
-	@# the last kernel's copy of its recorded run: kernels stop without exit hooks
-	@$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"
+	{ echo "$(REFERENCE) notebooks/"; for run in $$(cut -d/ -f2 results/REPLAYED | sort -u); do \
+	    echo "$$run" $$(grep "^results/$$run/" results/REPLAYED); done; } \
+	  | xargs -P 3 -L 1 bash -c 'set -o pipefail; REPRO_REPLAY=results/$$0 $(NBVAL) "$$@" 2>&1 \
+	      | sed -u "s|^|[$$0] |"'; rc=$$?; \
+	echo "make test: nbval phase $$(( $$(date +%s) - start )) s wall (exit $$rc)"; \
+	$(PY) -c "from lib.core.stage import remove_orphan_shadows as r; print('removed', len(r()), 'replay copies left by stopped kernels')"; \
+	$(MAKE) --no-print-directory results-size; exit $$rc
 
 # The cluster tests alone, then nbval: beside nbval a kube serve missed its deadline once in
 # three runs (test_06_ep_num_comms_arms..., its 04 FAILed under the load; it passes alone).

@@ -6,6 +6,7 @@ pod, the node and the reason, nothing of the run left behind, gates.json written
 """
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -21,6 +22,7 @@ except ImportError:
 from lib.core.door import read_transcript
 from lib.core.errors import StageRefused
 from lib.core.stage import REFUSED_GATE
+from lib.measure import triage
 from lib.places.kube import manifests
 from lib.stages import cluster as cluster_stage, kernel, serve as serve_stage
 from tests import compose
@@ -481,4 +483,31 @@ def test_a_serve_pod_restarted_before_ready_fails_04_at_once_naming_node_and_rea
     assert f"pod vllm-1 on node {node}: Error (exit 1), restarted 1 time(s); now " \
            "CrashLoopBackOff" in failed["server ready"], failed
     sealed(tmp_path / "run", "04_serve")
+    assert env.objects_left() == []
+
+
+def test_a_rank_pod_that_exits_non_zero_ends_the_job_at_once_its_peer_stopped(env, tmp_path):
+    """Issue 43: node 0's rank pod exits 1 while node 1's still runs (it would wait on its dead
+    peer in NCCL's init until the job's timeout, 120 s here): the wait ends at the next poll,
+    the peer is stopped and said so (not "timed out"), the first rank to die is named, nothing
+    is left behind."""
+    logs = compose.compose_test_ep_failure(tmp_path / "logs", dead_rank=3)
+    name = "test-ep-at-128-tokens"
+    for rank, (log, code, exits) in enumerate(zip(logs, (1, 0), (0.5, None))):
+        env.double.add_script(Script(f"{name}-{rank}", {
+            "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
+            running_after=0.1, exit_after=exits, pod_ips="10.244.0.0/16"))
+    stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128",
+                      job_timeout_s=120)
+    started = time.monotonic()
+    kernel.run(stage)
+    stage.finish()
+    assert time.monotonic() - started < 60  # not the 120 s of job_timeout_s
+    failed = fails(stage)
+    first = next(reason for gate, reason in failed.items()
+                 if gate.endswith(triage.GATE_FIRST_RANK))
+    assert first.startswith("rank 3 failed first"), failed
+    stopped = json.dumps(failed)
+    assert "stopped when rank 0 exited 1" in stopped and "timed out" not in stopped, failed
+    sealed(tmp_path / "run", "03_kernel_test")
     assert env.objects_left() == []

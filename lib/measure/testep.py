@@ -217,11 +217,13 @@ ExitCodes = int | None | Sequence[int | None] | Mapping[str, int | None]
 
 def gates_from_test_ep(log_text: str, rc: ExitCodes, *, num_ranks: int, evidence: Sequence[str],
                        transport: Transport = "efa",
-                       dc_p50_max_us: float | None = None) -> list[dict]:
+                       dc_p50_max_us: float | None = None,
+                       no_exit_said: Mapping[str, str] | None = None) -> list[dict]:
     """The kernel test's gates from test_ep's output (every node's log, joined) and exit code(s).
 
     ``rc``: one exit code, or one per node (a list, or a mapping node name -> rc); None = no exit
-    code (timed out, never started). ``num_ranks`` = nodes x processes per node. The threshold
+    code (timed out, never started; ``no_exit_said``: what the place said of a node without
+    one, by node name, e.g. stopped when a peer failed). ``num_ranks`` = nodes x processes per node. The threshold
     gate is made only when ``dc_p50_max_us`` is given (the cluster: ``CONTRACT_DC_P50_US``).
     Each gate: {gate, status PASS|FAIL|SKIP, observed, expected, reason, evidence}. What it
     is given is what the stage ran (its ranks, its place's transport) and the contract's
@@ -234,7 +236,7 @@ def gates_from_test_ep(log_text: str, rc: ExitCodes, *, num_ranks: int, evidence
     except ValueError as error:
         cases, parse_error = {}, str(error)
     case = first_case(cases) if cases else None
-    gates = [_exit_gate(rc, ev), _ranks_gate(cases, parse_error, num_ranks, ev),
+    gates = [_exit_gate(rc, ev, no_exit_said or {}), _ranks_gate(cases, parse_error, num_ranks, ev),
              _dc_gate(case, parse_error, num_ranks, ev)]
     if dc_p50_max_us is not None:
         gates.append(_dc_max_gate(case, float(dc_p50_max_us), num_ranks, ev))
@@ -242,13 +244,14 @@ def gates_from_test_ep(log_text: str, rc: ExitCodes, *, num_ranks: int, evidence
     return gates
 
 
-def _exit_gate(rc, ev: list[str]) -> dict:
+def _exit_gate(rc, ev: list[str], no_exit_said: Mapping[str, str]) -> dict:
     codes = _exit_codes(rc)
     bad = {name: code for name, code in codes.items() if code != 0}
     observed = codes if len(codes) > 1 else next(iter(codes.values()))
     expected = "0 on every node" if len(codes) > 1 else 0
     if bad:
-        said = "; ".join(f"{name}: no exit code (timed out or never ran)" if code is None
+        said = "; ".join(f"{name}: no exit code ("
+                         f"{no_exit_said.get(name) or 'timed out or never ran'})" if code is None
                          else f"{name}: exit {code}" for name, code in bad.items())
         reason = (f"test_ep failed ({said}); test_ep prints no PASS marker: the exit code is "
                   "the gate")

@@ -213,7 +213,9 @@ def run_test_ep(stage: Stage, cfg: dict, num_tokens: int, transport: str | None 
         text, None if len(runs) == 1 and runs[0].timed_out else rc,
         num_ranks=cfg["nproc"] * len(runs), evidence=streams, transport=transport_name,
         dc_p50_max_us=(testep.CONTRACT_DC_P50_US if transport_mod.over_efa(transport_name)
-                       else None))
+                       else None),
+        no_exit_said={f"node {r.rank}": r.stderr.strip() for r in runs
+                      if r.rc is None and r.stderr.strip()})
     if any(r.rc not in (0, None) or r.timed_out for r in runs) and len(runs) > 1:
         gates.append(first_failure(runs, streams))
     try:

@@ -205,10 +205,11 @@ class KubePlace(Place):
         return {n: pods.get(n) for n in names}
 
     def wait_pods(self, names: list[str], *, done: bool, timeout_s: float,
-                  made_by: str | None = None) -> dict[str, dict]:
+                  made_by: str | None = None, peers: bool = False) -> dict[str, dict]:
         """Until every pod is Ready (done=False) or finished (done=True), or time is up
         (lib.places.kube.waits.wait_pods says how each way it can stop)."""
-        return waits.wait_pods(self, names, done=done, timeout_s=timeout_s, made_by=made_by)
+        return waits.wait_pods(self, names, done=done, timeout_s=timeout_s, made_by=made_by,
+                               peers=peers)
 
     def pod_log(self, name: str, status: dict | None = None) -> str:
         """A pod's whole log (`kubectl logs`), kept in the stage's pods/ folder, with what its
@@ -235,7 +236,7 @@ class KubePlace(Place):
         try:
             try:
                 statuses = self.wait_pods(pods, done=True, timeout_s=job.timeout_s
-                                          + self.spec.schedule_timeout_s)
+                                          + self.spec.schedule_timeout_s, peers=True)
             except NotScheduled as why:  # PodStuck: scheduled, but its container cannot start
                 what, who = (("started", "the kubelet") if isinstance(why, PodStuck)
                              else ("scheduled", "the scheduler"))
@@ -243,11 +244,18 @@ class KubePlace(Place):
                                     f"every pod {what}", f"{who}: {why}", []))
                 return [NodeRun(r, None, "", f"not {what}: {why}", False, [])
                         for r in range(job.nodes)]
+            failed = [(rank, exit_code(statuses.get(pod))) for rank, pod in enumerate(pods)
+                      if is_finished(statuses.get(pod)) and exit_code(statuses.get(pod)) != 0]
             runs = []
             for rank, pod in enumerate(pods):
                 text = self.pod_log(pod, statuses.get(pod))
-                runs.append(NodeRun(rank, exit_code(statuses.get(pod)), text, "",
-                                    not is_finished(statuses.get(pod)),
+                finished = is_finished(statuses.get(pod))
+                # a peer still running when a rank failed: stopped by the guide, not timed out
+                stopped = (f"stopped when rank {failed[0][0]} exited {failed[0][1]} (its peers "
+                           "would wait on it until the job's timeout)"
+                           if failed and not finished else "")
+                runs.append(NodeRun(rank, exit_code(statuses.get(pod)), text, stopped,
+                                    not finished and not failed,
                                     [self.stage.rel(self.stage.path("pods", f"{pod}.log"))]))
             return runs
         finally:

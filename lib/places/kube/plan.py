@@ -100,7 +100,7 @@ class KubePlan(KubePlace):
         return rel
 
     def wait_pods(self, names: list[str], *, done: bool, timeout_s: float,
-                  made_by: str | None = None) -> dict[str, dict]:
+                  made_by: str | None = None, peers: bool = False) -> dict[str, dict]:
         what = "finished" if done else "ready"
         self.door.plan(self.kubectl("wait", "--for", "condition=" + (
             "Ready" if not done else "complete"), "--timeout", f"{int(timeout_s)}s",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from lib.core.errors import NotScheduled
 from lib.places.cluster import wait_until
-from lib.places.kube.pods import (POLL_S, PodsNotCreated, PodStuck, failed_creations,
-                                  is_finished, is_ready, restarted, stuck_reason, unschedulable,
+from lib.places.kube.pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
+                                  failed_creations, is_finished, is_ready, restarted, stuck_reason, unschedulable,
                                   where_pod)
 
 # A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
@@ -22,11 +22,14 @@ CREATE_GRACE_S = 10.0
 
 
 def wait_pods(place, names: list[str], *, done: bool, timeout_s: float,
-              made_by: str | None = None) -> dict[str, dict]:
+              made_by: str | None = None, peers: bool = False) -> dict[str, dict]:
     """Until every pod is Ready (done=False) or finished (done=True), or time is up. A pod
     Pending past schedule_timeout_s raises NotScheduled with the scheduler's reason; a pod
     stuck on its image or config raises PodStuck at once; pods of the StatefulSet `made_by`
-    still absent after CREATE_GRACE_S raise PodsNotCreated where its controller said why."""
+    still absent after CREATE_GRACE_S raise PodsNotCreated where its controller said why.
+    `peers`: the pods are one job's ranks, each waiting on the others (torchrun's rendezvous,
+    NCCL's init): the first that exits non-zero ends the wait, since its peers would wait on it
+    until the timeout."""
     schedule_by = place.spec.schedule_timeout_s
 
     def look(elapsed) -> tuple[bool, dict[str, dict]]:
@@ -46,6 +49,8 @@ def wait_pods(place, names: list[str], *, done: bool, timeout_s: float,
         if reasons and waited >= schedule_by:
             raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
         if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
+            return True, pods
+        if peers and any(p and is_finished(p) and exit_code(p) != 0 for p in pods.values()):
             return True, pods
         # a serve pod that exited, or that its restartPolicy restarted (CrashLoopBackOff next:
         # its engine's group lost a rank), will never be ready: the caller says why at once,

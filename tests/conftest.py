@@ -96,10 +96,10 @@ SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES + ("test_kube_faults.py",)
 THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py",
                        "test_kube_transport_ab.py")
 # The longest files start first, so that the workers end together (measured with --durations,
-# a worker's seconds each: test_interrupt.py ~400, the three vLLM-double files ~200, then
-# ~100 down to ~30).
-LONGEST_FIRST = ("test_interrupt.py", "test_vllm_answers.py", "test_vllm_deepep_06.py",
-                 "test_vllm_stages.py", "test_serve.py", "test_sweep.py", "test_book.py",
+# a worker's seconds each: test_interrupt.py ~400, the vLLM-double files ~130 (stages), ~110
+# (deepep_06) and ~70 (answers) on an idle machine, then ~100 down to ~30).
+LONGEST_FIRST = ("test_interrupt.py", "test_vllm_stages.py", "test_vllm_deepep_06.py",
+                 "test_vllm_answers.py", "test_serve.py", "test_sweep.py", "test_book.py",
                  "test_bench_moe_a2a.py", "test_places.py", "test_guide.py", "test_load.py",
                  "test_kernel_test_ep.py")
 

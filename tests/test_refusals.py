@@ -191,7 +191,19 @@ def test_papermill_04_on_an_unreachable_kube_exits_non_zero_with_the_fail(
     assert "not measured: the cluster refused" in out and PLANTED not in out
 
 
-def test_papermill_04_without_a_slurm_exits_non_zero_with_the_fail(tmp_path, no_slurm):
+@pytest.fixture
+def unreadable_slurm_conf(tmp_path, monkeypatch) -> None:
+    """Slurm's clients given a configuration file they cannot parse: sinfo exits 1 at once
+    ("Parse error ... Unable to process configuration file"; 127 where Slurm is not installed).
+    For papermill's kernel, which no monkeypatch of the place's query timeout reaches: an
+    absent file kept it waiting out sinfo's retries to the 30 s timeout (measured: 34 s)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("this is not a slurm.conf\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+
+
+def test_papermill_04_without_a_slurm_exits_non_zero_with_the_fail(tmp_path,
+                                                                   unreadable_slurm_conf):
     done = _papermill("04_serve", tmp_path / "out.ipynb", tmp_path / "results",
                       "-p", "context", "slurm", "-p", "nodes", "2")
     assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]

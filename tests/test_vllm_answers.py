@@ -1,47 +1,17 @@
-"""An arm that answers otherwise than the baseline, and 05's backend A/B (allgather against
-deepep_v2, both traffic shapes), against the vLLM double (tests/vllm_stage_kit.py says how)."""
+"""05's backend A/B (allgather against deepep_v2, both traffic shapes) against the vLLM double
+(tests/vllm_stage_kit.py says how). An arm that answers otherwise than the baseline is 06's
+graphs arm in tests/test_vllm_stages.py's test_serve_sweep_and_ab_on_vllm (one 06 for both)."""
 from __future__ import annotations
 
 import json
 
 from lib.core.door import Door
 from lib.core.stage import Stage
-from lib.measure import agreement
-from lib.publish import report
-from lib.stages import lever, registry as params, serve as serve_stage, sweep as sweep_stage
+from lib.stages import registry as params, serve as serve_stage, sweep as sweep_stage
 from tests.test_serve_vllm import ALLGATHER_LOG, DEEPEP_LOG, make_double, nccl_site
-from tests.vllm_stage_kit import (
-    NEEDS, SMALL, open_stage, serve_with, two_gpus, ONE_LEVEL, serve_then_06)
+from tests.vllm_stage_kit import NEEDS, SMALL, open_stage, serve_with
 
 pytestmark = NEEDS
-
-
-def test_an_arm_that_answers_otherwise_fails_its_answer_gate_and_is_still_measured(
-        tmp_path, monkeypatch):
-    """The graphs arm answers each prompt with the recorded answer to the next one (as a serve
-    whose MoE computes something else would): `graphs+EP answers as eager+EP` FAILs naming the
-    prompts and positions; the no-EP arm still PASSes; the throughput is measured and gated as
-    before, so the FAIL stands beside its numbers; a replay gives the same gates."""
-    run_dir = two_gpus(tmp_path, monkeypatch, "serve", wrong_answers=True)
-    s06, data = serve_then_06(run_dir, ONE_LEVEL)
-    gates = {g.gate: g for g in s06.gates}
-    wrong = gates["graphs+EP answers as eager+EP"]
-    assert wrong.status == "FAIL" and wrong.reason.startswith("prompt 0: position 0: only ")
-    assert wrong.observed["agree"] < wrong.observed["prompts"] == len(agreement.PROMPTS)
-    assert wrong.evidence == ["06_multicomm/answers-vllm-eager-ep.json",
-                              "06_multicomm/answers-vllm-graphs-ep.json"]
-    assert gates["eager, no EP answers as eager+EP"].status == "PASS"
-    assert len(data["ratios"]) == 2 and all(r["n"] == 2 for r in data["ratios"])
-    book = "\n".join(report.vllm_sections(run_dir))
-    assert "graphs+EP answers as eager+EP: **FAIL** (" in book
-    assert "eager, no EP answers as eager+EP: **PASS** (8 of 8 prompts" in book
-    replay = open_stage(run_dir, "06_multicomm", replay=True, extra=ONE_LEVEL)
-    lever.run(replay)
-    replay.finish()
-    assert {g.gate: g.status for g in replay.gates} == {g.gate: g.status for g in s06.gates}
-
-    # answer_prompts 0 (nothing asked, no answer gate) is what the runs recorded before the
-    # check replay with (gpu-2xh200-vllm-20261201's 06, in make nbval): not run again here
 
 
 def test_backend_ab_in_05_both_shapes_and_its_log_gates(tmp_path, monkeypatch):

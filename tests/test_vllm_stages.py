@@ -1,6 +1,7 @@
 """Stages 04, 05 and 06 with engine 'vllm' against the vLLM double (tests/vllm_stage_kit.py
-says how): the allgather serve, sweep and A/B with their replay; a graphs arm whose log says
-eager; a sweep whose server dies; what a cell sees of a server; the DeepEP arms' order."""
+says how): the allgather serve, sweep and A/B with their replay, its graphs arm answering
+otherwise than the baseline; a graphs arm whose log says eager; a sweep whose server dies; what a
+cell sees of a server; the DeepEP arms' order."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from lib.core.door import Door, read_transcript
 from lib.core.stage import Stage
 from lib.engines import vllm_server as serve_vllm
 from lib.measure import agreement, sweep as lib_sweep, serving
+from lib.publish import report
 from lib.stages import ab, lever, registry as params, serve as serve_stage, sweep as sweep_stage
 from tests.test_serve_vllm import (
     ALLGATHER_LOG, ANSWERS, DEEPEP_GRAPHS_UNDER_TRAFFIC_LOG, make_double)
@@ -21,7 +23,14 @@ pytestmark = NEEDS
 
 
 def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
-    run_dir = two_gpus(tmp_path, monkeypatch, "serve")
+    """04, 05 and 06 on allgather_reducescatter, each gate as it should be, and their replay.
+    06's graphs arm answers each of lib.agreement's prompts with the recorded answer to the next
+    one (as a serve whose MoE computes something else would): `graphs+EP answers as eager+EP`
+    FAILs naming the prompts and positions, the only FAIL; the no-EP arm PASSes; the throughput
+    is measured and gated as before, so the FAIL stands beside its numbers; the replay gives the
+    same gates. (One 06 for both: its six AIPerf cells are most of this test's time; the graphs
+    arm's answer gate PASSing is tests/test_vllm_deepep_06.py's.)"""
+    run_dir = two_gpus(tmp_path, monkeypatch, "serve", wrong_answers=True)
     s04 = open_stage(run_dir, "04_serve")
     data = serve_stage.run(s04)
     s04.finish()
@@ -46,7 +55,13 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
     assert (run_dir / "05_sweep" / "metrics" / "repeat_1" / "c1.before.prom").exists()
     assert got["server resident memory under 1.5 GiB"] == "SKIP"
 
-    s06, data, got = run_without_fail(run_dir, "06_multicomm", lever.run, ONE_LEVEL)
+    s06 = open_stage(run_dir, "06_multicomm", extra=ONE_LEVEL)
+    data = lever.run(s06)
+    s06.finish()
+    got = statuses(s06)
+    assert {n: s for n, s in got.items() if s == "FAIL"} == {
+        "graphs+EP answers as eager+EP": "FAIL"}, \
+        [(g.gate, g.reason) for g in s06.gates if g.status == "FAIL"]
     assert got["eager+EP: vllm_compile_mode"] == "PASS"
     assert got["eager, no EP: vllm_expert_parallel_off"] == "PASS"
     assert got["EP_NUM_COMMS A/B (the kernel benchmark's K communicators)"] == "SKIP"
@@ -65,25 +80,41 @@ def test_serve_sweep_and_ab_on_vllm(tmp_path, monkeypatch):
         [a.slug for r, c, a in order if (r, c) == (2, 1)][::-1]
     stopped = [g for g in s06.gates if g.gate.endswith("server stopped")]
     assert len(stopped) == 3 and all(g.status == "PASS" for g in stopped)
-    # each arm answered lib.agreement's prompts before its cells, as the baseline does
-    assert got["graphs+EP answers as eager+EP"] == "PASS"
+    # each arm answered lib.agreement's prompts before its cells, as the baseline does; the
+    # graphs arm otherwise, and its gate says where
+    gates = {g.gate: g for g in s06.gates}
+    wrong = gates["graphs+EP answers as eager+EP"]
+    assert wrong.reason.startswith("prompt 0: position 0: only ")
+    assert wrong.observed["agree"] < wrong.observed["prompts"] == len(agreement.PROMPTS)
+    assert wrong.evidence == ["06_multicomm/answers-vllm-eager-ep.json",
+                              "06_multicomm/answers-vllm-graphs-ep.json"]
     assert got["eager, no EP answers as eager+EP"] == "PASS"
     assert asked(run_dir, "06_multicomm") == 3 * len(agreement.PROMPTS)
+    # answer_prompts 0 (nothing asked, no answer gate) is what the runs recorded before the
+    # check replay with (gpu-2xh200-vllm-20261201's 06, in make nbval): not run again here
+    book = "\n".join(report.vllm_sections(run_dir))
+    assert "graphs+EP answers as eager+EP: **FAIL** (" in book
+    assert "eager, no EP answers as eager+EP: **PASS** (8 of 8 prompts" in book
     # 05 and 06 measured through the one loop: 05 with its one arm, 06 with three
     assert loops == [("05_sweep", ("vLLM",)),
                      ("06_multicomm", ("eager+EP", "graphs+EP", "eager, no EP"))]
-    saved = json.loads((run_dir / "06_multicomm" / "answers-vllm-graphs-ep.json").read_text())
-    recorded = json.loads(ANSWERS.read_text())["arms"]["graphs"]["alone"]
-    assert [a["choices"][0]["logprobs"] for a in saved] == \
-        [a["choices"][0]["logprobs"] for a in recorded]
+    # what each arm answered is saved as it came: the eager one as recorded, the graphs one
+    # each prompt's next recorded answer
+    recorded = json.loads(ANSWERS.read_text())["arms"]
+    for slug, arm, shift in (("eager-ep", "eager", 0), ("graphs-ep", "graphs", 1)):
+        saved = json.loads((run_dir / "06_multicomm" / f"answers-vllm-{slug}.json").read_text())
+        want = recorded[arm]["alone"][shift:] + recorded[arm]["alone"][:shift]
+        assert [a["choices"][0]["logprobs"] for a in saved] == \
+            [a["choices"][0]["logprobs"] for a in want]
 
-    # replay: the three stages re-computed from the transcript alone
+    # replay: the three stages re-computed from the transcript alone, 06 with the same gates
     for name, runner in (("04_serve", serve_stage.run), ("05_sweep", sweep_stage.run),
                          ("06_multicomm", lever.run)):
         replay = open_stage(run_dir, name, replay=True, extra={
             "04_serve": None, "05_sweep": SWEEP_ONCE}.get(name, ONE_LEVEL))
         runner(replay)
         replay.finish()
+    assert {g.gate: g.status for g in replay.gates} == {g.gate: g.status for g in s06.gates}
 
 
 def test_graphs_arm_refused_when_its_log_says_eager(tmp_path, monkeypatch):

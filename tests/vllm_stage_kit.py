@@ -5,8 +5,9 @@ tests/test_serve_vllm.py (a real vLLM 0.24.0 log replayed, OpenAI answers stream
 counted). What cannot exist here is patched at its seam only: the GPU count (2) and the model
 flavor (the tiny model stands in for the 1.2 B-parameter one; the double reads its expert count
 from config.json). Three files, not one: pytest-xdist gives a worker a file at a time
-(--dist loadfile), and these tests take one and a half to two minutes each (AIPerf's start-up,
-~9 s a cell)."""
+(--dist loadfile), and these tests take one to two minutes each (AIPerf's start-up, ~9 s a cell
+on an idle machine, 25 s and more beside make test's other workers: each test runs the fewest
+cells its assertions need)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -20,6 +20,7 @@ runs. A GPU run is never re-recorded here: it is shown through its evidence.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -72,7 +73,19 @@ def new_id(kind: str) -> str:
 
 
 def record(kind: str) -> str:
-    """Record a new run of `kind`; its id, or SystemExit where it did not pass."""
+    """Record a new run of `kind` in this process's environment as it was before (a recorder
+    sets what its run.json says was real, REPRO_LEVEL, and the clients' KUBECONFIG or
+    SLURM_CONF: none of it may reach the next kind's run); its id, or SystemExit where it did
+    not pass."""
+    saved = dict(os.environ)
+    try:
+        return _record(kind)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _record(kind: str) -> str:
     if kind == "local":
         run_dir, rc = runner.run_guide("local", None, {})
         run_id = run_dir.name

@@ -15,7 +15,9 @@ and why the guide does not run it, each fact with its source and what was checke
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -24,7 +26,16 @@ from lib.measure import published
 from lib.publish import results as figures
 from lib.publish.catalog import Run, host_facts
 from lib.publish.pages import _md_table, run_link
-from lib.stages.opening import recorded_engine
+
+def served_engine(run_dir: Path) -> str:
+    """The engine a run's 04 served with, as its params.json recorded it; runs recorded before
+    the engine was a parameter served with transformers serve."""
+    try:
+        recorded = json.loads((Path(run_dir) / "04_serve" / "params.json").read_text())
+    except (OSError, ValueError):
+        return "transformers"
+    return recorded.get("engine") or "transformers"
+
 
 PLACES = ("one CPU host", "one GPU host", "Kubernetes", "Slurm")
 _CLUSTER_PLACES = {"kube": "Kubernetes", "slurm": "Slurm"}
@@ -97,7 +108,7 @@ def lanes_of(run: Run) -> list[tuple[str, str, str, tuple[str, ...]]]:
 
     lanes = []
     if ran("04_serve"):
-        name = recorded_engine(run.path, "04_serve")
+        name = served_engine(run.path)
         title = engines.ENGINES[name].title if name in engines.ENGINES else name
         failed = served_then_failed(run, name)
         lanes.append((title, "FAIL" if failed else run.stages["04_serve"], "", failed))

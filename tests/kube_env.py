@@ -123,7 +123,9 @@ class KubeEnv:
             code = (exit_codes or [0] * len(logs))[rank]
             self.double.add_script(Script(f"{name}-{rank}", {
                 "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
-                running_after=None if pending else 0.1, exit_after=0.5, pod_ips="10.244.0.0/16"))
+                # 2 s: both ranks started before either finished, as a job's ranks do (the
+                # kubelet's startedAt and finishedAt are whole seconds), under any load
+                running_after=None if pending else 0.1, exit_after=2.0, pod_ips="10.244.0.0/16"))
 
     def verify(self, failed: Sequence[str] = ()) -> Path:
         """The pod `verify-image-0`: docker/verify-image.sh's output in its own line format

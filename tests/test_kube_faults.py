@@ -511,3 +511,24 @@ def test_a_rank_pod_that_exits_non_zero_ends_the_job_at_once_its_peer_stopped(en
     assert "stopped when rank 0 exited 1" in stopped and "timed out" not in stopped, failed
     sealed(tmp_path / "run", "03_kernel_test")
     assert env.objects_left() == []
+
+
+def test_two_node_ranks_placed_on_one_node_fail_03_naming_the_node(env, tmp_path):
+    """Issue 43: one node cordoned (unschedulable), so the scheduler places both rank pods of
+    test_ep on the other: each rank passes on its own, but the job measured one node's links,
+    not EFA between nodes: the gate that node ranks ran on distinct nodes FAILs naming it."""
+    a, b = NODES
+    api = env.double._api
+    api.patch(f"/api/v1/nodes/{b}", {"spec": {"unschedulable": True}}, kind="merge")
+    try:
+        env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
+        stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
+        kernel.run(stage)
+        stage.finish()
+    finally:
+        api.patch(f"/api/v1/nodes/{b}", {"spec": {"unschedulable": None}}, kind="merge")
+    failed = fails(stage)
+    apart = failed["test_ep at 128 tokens: node ranks on distinct nodes, together"]
+    assert apart.startswith(f"ranks 0, 1 all ran on node {a}"), failed
+    sealed(tmp_path / "run", "03_kernel_test")
+    assert env.objects_left() == []

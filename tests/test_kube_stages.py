@@ -85,6 +85,10 @@ def test_03_test_ep_one_pod_per_node_over_efa_gated_and_replayed(env, tmp_path):
         assert got[prefix + name] == "PASS", (name, [g.reason for g in stage.gates
                                                     if g.gate == prefix + name])
     assert got["the torch benchmark"] == "SKIP"
+    apart = next(g for g in stage.gates if g.gate.endswith("node ranks on distinct nodes, "
+                                                           "together"))
+    assert apart.status == "PASS", apart.reason
+    assert sorted(apart.observed.values()) == ["p5en-a", "p5en-b"]  # a node each
     ranks = next(g for g in stage.gates if g.gate == prefix + "test_ep lines from every rank")
     assert ranks.observed["ranks_seen"] == list(range(16))
     # the pods ran test_ep under torchrun, one rank per GPU (lib.bench.test_ep_rank the entry,

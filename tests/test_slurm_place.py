@@ -360,7 +360,9 @@ def test_stage_03_runs_across_the_two_nodes_and_replays(cluster, tmp_path):
     table = stage.finish()
     gates = {g.gate: g for g in stage.gates}
     bench = [g for g in stage.gates if not g.gate.startswith("DeepEP test_ep")]
-    assert len(bench) == 6 and {g.status for g in bench} == {"PASS"}, table.to_string()
+    assert len(bench) == 7 and {g.status for g in bench} == {"PASS"}, table.to_string()
+    apart = gates["the torch benchmark: node ranks on distinct nodes, together"]
+    assert apart.observed == {"0": "n1", "1": "n2"}  # rank N on the allocation's node N
     assert gates["DeepEP test_ep (GPU)"].status == "SKIP"  # no GPU on this host
     assert "2/2 ranks correct" in str(gates["correctness"].observed)
     assert gates["all ranks exited 0"].status == "PASS"

@@ -87,6 +87,36 @@ def first_rank_gate(logs: dict[str, str], gpus_per_node: int, evidence: list[str
     return triage.triage_gate(logs, ranks_per_node=gpus_per_node or None, evidence=evidence)
 
 
+def ranks_apart_gate(job: str, placed: dict[int, str | None],
+                     spans: dict[int, tuple[str | None, str | None]] | None,
+                     evidence: list[str], how: str = "") -> Gate:
+    """A rank job's node ranks ran on distinct nodes (`placed`: rank -> the node it ran on)
+    and, where `spans` (rank -> its start and end, RFC 3339, as the cluster recorded them) are
+    known, at the same time: every rank started before the first one finished. Ranks on one
+    node measure that node's own links, not the network between nodes; a rank that finished
+    before another started never met it. `how`: where the placements come from."""
+    nodes = [placed[r] for r in sorted(placed)]
+    shared = sorted({n for n in nodes if n and nodes.count(n) > 1})
+    unknown = [r for r in sorted(placed) if not placed[r]]
+    problems = ([f"ranks {', '.join(str(r) for r in sorted(placed) if placed[r] == n)} all "
+                 f"ran on node {n}" for n in shared]
+                + ([f"no node recorded for rank(s) {', '.join(map(str, unknown))}"]
+                   if unknown else []))
+    if spans:
+        starts = [s for s, _ in spans.values() if s]
+        ends = [e for _, e in spans.values() if e]
+        if starts and ends and max(starts) > min(ends):
+            first = min(spans, key=lambda r: spans[r][1] or "~")
+            late = max(spans, key=lambda r: spans[r][0] or "")
+            problems.append(f"rank {late} started at {spans[late][0]}, after rank {first} had "
+                            f"finished at {spans[first][1]}")
+    said = ", ".join(f"rank {r} on {placed[r]}" for r in sorted(placed))
+    return gate(f"{job}: node ranks on distinct nodes, together", not problems,
+                {str(r): placed[r] for r in sorted(placed)}, "a node each, all started before "
+                "the first finished", ("; ".join(problems) + f" ({said})") if problems else
+                f"{said}{how}", evidence)
+
+
 def wait_until(door, look: Callable[[Callable[[], float]], tuple[bool, Any]], timeout_s: float,
                what: str = "", *, poll_s: float, max_poll_s: float | None = None,
                started: float | None = None) -> Any:

@@ -41,11 +41,11 @@ import lib.places.kube.manifests as manifests  # the renderers themselves, not l
 from lib.core.errors import NotScheduled, PlaceError, Unsupported
 from lib.core.evidence import gate, skip
 from lib.places.base import NodeNeeds, NodeRun, Place, RankJob, ServeSpec, saved_model_config
-from lib.places.cluster import CONFIG_SCRIPT, DEEPEP_IN_IMAGE, pinned_model
+from lib.places.cluster import CONFIG_SCRIPT, DEEPEP_IN_IMAGE, pinned_model, ranks_apart_gate
 from lib.places.kube import aiperf, serve as serving, waits
 from lib.places.kube.files import guide_files
 from lib.places.kube.pods import (PodStuck, exit_code, is_finished, node_facts, object_name,
-                                  pod_record, probe_facts, stage_selector)
+                                  pod_record, probe_facts, ran_when, stage_selector)
 from lib.places.kube.retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
 from lib.places.kube.serve import KubeServer  # the serve's handle, with its requests
 
@@ -244,6 +244,13 @@ class KubePlace(Place):
                                     f"every pod {what}", f"{who}: {why}", []))
                 return [NodeRun(r, None, "", f"not {what}: {why}", False, [])
                         for r in range(job.nodes)]
+            if job.nodes > 1:  # placed by the scheduler: the pods' own nodes and times
+                self.stage.add(ranks_apart_gate(
+                    job.name, {r: (statuses.get(pod) or {}).get("spec", {}).get("nodeName")
+                               for r, pod in enumerate(pods)},
+                    {r: ran_when(statuses.get(pod)) for r, pod in enumerate(pods)},
+                    [self.stage.rel(self.stage.path("pods", f"{pod}.log")) for pod in pods],
+                    " (each pod's spec.nodeName; its container's startedAt and finishedAt)"))
             failed = [(rank, exit_code(statuses.get(pod))) for rank, pod in enumerate(pods)
                       if is_finished(statuses.get(pod)) and exit_code(statuses.get(pod)) != 0]
             runs = []

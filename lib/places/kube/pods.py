@@ -109,6 +109,16 @@ def pod_record(pod: dict | None) -> dict[str, Any]:
                                 "exitCode")} for c in status.get("containerStatuses") or []]}
 
 
+def ran_when(pod: dict | None) -> tuple[str | None, str | None]:
+    """When the pod's first container started and finished (RFC 3339, the kubelet's), or
+    None where its status does not say."""
+    for c in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        state = c.get("state") or {}
+        ran = state.get("terminated") or state.get("running") or {}
+        return ran.get("startedAt"), ran.get("finishedAt")
+    return None, None
+
+
 def unschedulable(pod: dict) -> str | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":

@@ -56,7 +56,7 @@ from lib.core.evidence import gate
 import lib.places.slurm.sbatch as sbatch  # the module itself, not lib.places (no cycle through it)
 from lib.places.slurm import parse
 from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeSpec
-from lib.places.cluster import DEEPEP_IN_IMAGE
+from lib.places.cluster import DEEPEP_IN_IMAGE, ranks_apart_gate
 from lib.places.instances import INSTANCE_TYPES
 from lib.places.slurm import aiperf, waits
 from lib.places.slurm.serve import SlurmServer, SlurmServing, node_address, this_host
@@ -264,6 +264,12 @@ class SlurmPlace(Place):
             return self._never_ran(job, str(why), why.timed_out)
         try:
             names, info = self._nodes_of(jobid)
+            if job.nodes > 1:  # rank N runs on the allocation's node N, one task each
+                self.stage.add(ranks_apart_gate(
+                    job.name, {r: names[r] if r < len(names) else None
+                               for r in range(job.nodes)}, None, [],
+                    " (the allocation's nodes, a task each: Slurm starts a step's tasks "
+                    "together)"))
             addr = node_address(info, names[0])
             port = self.door.free_port() if this_host(addr) else sbatch.RDZV_PORT
             per_node = []

@@ -312,3 +312,29 @@ def test_a_reason_too_long_for_its_cell_becomes_the_tables_note_once():
     assert notes.said("gpu-2xh200-deepep-vllm-20261130d failed") == (
         "gpu-2xh200-deepep-vllm-20261130d failed")  # hyphens wrap: it fits
     assert notes.markdown() == f"\nNotes:\n\n1. {long_line}\n2. {a_path}\n"
+
+
+def test_the_history_page_names_every_run_taken_out_of_the_tree_with_its_commit():
+    """results/REMOVED: each re-recorded run taken out is named with the commit that holds it
+    (git has it there) and linked to the run that replaces it today (a replacement re-recorded
+    since: its own replacement)."""
+    import subprocess
+
+    from lib.publish import appendix, catalog as catalog_mod
+
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"],
+                             cwd=RESULTS.parent, capture_output=True, text=True).stdout.strip()
+    if shallow == "true":
+        pytest.skip("a shallow clone holds none of the commits results/REMOVED names")
+    removed = catalog_mod.removed_runs(RESULTS)
+    assert removed, "results/REMOVED lists no run"
+    present = {d.name for d in RESULTS.iterdir() if (d / "run.json").is_file()}
+    section = appendix.removed_section(removed)
+    for run in removed:
+        assert run.run_id not in present
+        held = subprocess.run(["git", "cat-file", "-e", f"{run.commit}:results/{run.run_id}/"
+                               "run.json"], cwd=RESULTS.parent, capture_output=True)
+        assert held.returncode == 0, f"{run.commit} does not hold {run.run_id}"
+        assert f"`{run.run_id}`" in section and f"`{run.commit[:12]}`" in section
+    linked = set(re.findall(r"\(runs/([^)]+)\.md\)", section))
+    assert linked and linked <= present  # every replacement linked is a run of the tree

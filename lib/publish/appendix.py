@@ -83,8 +83,16 @@ def removed_section(removed: list) -> str:
     the commit that still holds it and the run that replaced it."""
     if not removed:
         return ""
+    later = {r.run_id: r.replaced_by for r in removed}
+
+    def current(run_id: str) -> str:  # a replacement itself re-recorded since: the latest
+        while run_id in later:
+            run_id = later[run_id]
+        return run_id
+
     table = pd.DataFrame([{"run": f"`{r.run_id}`", "kept in git at": f"`{r.commit[:12]}`",
-                           "replaced by": run_link(r.replaced_by, prefix="")} for r in removed])
+                           "replaced by": run_link(current(r.replaced_by), prefix="")}
+                          for r in removed])
     return ("A run that costs nothing but a CPU's time (the CPU reference, the control-plane, "
             "Slurm and plan runs) is re-recorded by `make rerecord` whenever a change alters "
             "what the stages call, in the same commit, and the run it replaces leaves the tree "

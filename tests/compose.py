@@ -90,10 +90,19 @@ GPU_BUS_IDS = ("53000", "64000", "75000", "86000", "97000", "a8000", "b9000", "c
 COMM_ID = 0x5d1c0f3e9a7b2468  # composed: one communicator, shared by every rank
 
 
+# NCCL 2.30.x's GIN assignment line, as a public p5en log quotes it at 2.30.7 ("GIN/Plugin:
+# Assigned plugin Libfabric_GDAKI type 5 to comm"; lib.engines.nccl_logs cites it). The type-2
+# plugin's name is composed (no public log here prints it); the type on the line is NCCL's.
+GIN_PLUGIN_OF_TYPE = {5: "Libfabric_GDAKI", 2: "Libfabric"}
+
+
 def nccl_block(host: str, pid: int, local: int, rank: int, world: int, *,
-               provider_form: str = "1.21", provider: bool = True) -> list[str]:
+               provider_form: str = "1.21", provider: bool = True, network: str = "Libfabric",
+               gin_type: int | None = None) -> list[str]:
     """One rank's NCCL lines: the plugin's provider (or none, `provider=False`: the variant of a
-    rank whose provider line is missing), the network, and its communicator's init."""
+    rank whose provider line is missing), the network ("Socket": NCCL's silent fallback when the
+    plugin did not load), and its communicator's init, with the GIN plugin NCCL assigned it
+    where ``gin_type`` is given."""
     if provider_form not in PROVIDER_FORMS:
         raise ValueError(f"provider_form {provider_form!r}: one of {PROVIDER_FORMS}")
     tid = pid + 11
@@ -106,12 +115,15 @@ def nccl_block(host: str, pid: int, local: int, rank: int, world: int, *,
             out.append(p + "NET/OFI Selected Provider is efa (found 16 nics)")
             out += [p + f"NET/OFI NIC group {g} device #{d} {pci}"
                     for g, pair in enumerate(NIC_GROUPS) for d, pci in enumerate(pair)]
-    out.append(p + "Using network Libfabric")
+    out.append(p + f"Using network {network}")
     comm = 0x55d3a0000000 + pid * 0x100
     head = (f"ncclCommInitRankConfig comm 0x{comm:x} rank {rank} nranks {world} cudaDev {local} "
             f"nvmlDev {local} busId {GPU_BUS_IDS[local % len(GPU_BUS_IDS)]} "
             f"commId 0x{COMM_ID:x}")
     out.append(p + head + " - Init START")
+    if gin_type is not None:
+        out.append(p + f"GIN/Plugin: Assigned plugin {GIN_PLUGIN_OF_TYPE[gin_type]} type "
+                   f"{gin_type} to comm")
     out.append(p + head + " - Init COMPLETE")
     return out
 
@@ -175,10 +187,14 @@ def _pid(node: int, local: int) -> int:
 
 def compose_test_ep(dest: Path, *, nodes: int = 2, ranks_per_node: int = 8,
                     provider_form: str = "1.21", drop_provider_rank: int | None = None,
-                    recorded: str = TEST_EP_RECORDED) -> list[Path]:
+                    recorded: str = TEST_EP_RECORDED, gin_type: int | None = None,
+                    gin_type_of_rank: Mapping[int, int] | None = None,
+                    network_of_rank: Mapping[int, str] | None = None) -> list[Path]:
     """(a) test_ep on ``nodes`` x ``ranks_per_node`` ranks over EFA, one log per node: NCCL's
     provider, network and init lines on every rank, then test_ep's output renumbered from the
     2-rank recording. (b) with ``drop_provider_rank``: that rank prints no provider line.
+    ``gin_type``: every rank's GIN assignment line says that type (``gin_type_of_rank``: these
+    ranks' another); ``network_of_rank``: these ranks used another network ("Socket").
 
     Not faithful: the timings are the 2-GPU NVLink recording's (rank r prints recorded rank
     r mod 2's numbers; "SO" stays 0 GB/s, as on one node), not a cross-node measurement."""
@@ -192,7 +208,9 @@ def compose_test_ep(dest: Path, *, nodes: int = 2, ranks_per_node: int = 8,
         host = HOSTS[node] if node < len(HOSTS) else f"composed-node-{node}"
         for d, g in enumerate(ranks):
             out += nccl_block(host, _pid(node, d), d, g, world, provider_form=provider_form,
-                              provider=g != drop_provider_rank)
+                              provider=g != drop_provider_rank,
+                              network=(network_of_rank or {}).get(g, "Libfabric"),
+                              gin_type=(gin_type_of_rank or {}).get(g, gin_type))
         out += _test_ep_node_head(rec, node, nodes, ranks_per_node)
         out += _phase_lines(rec, rec["order"], ranks, world)
         out += ["", ""]

@@ -296,6 +296,8 @@ def test_an_interrupted_stage_is_said_so_in_the_appendix(tmp_path):
     assert mine.verdict == "incomplete: 06 interrupted"
     history = appendix.history_page([mine])
     assert "incomplete: 06 interrupted (make run RUN=<id> resumes it)" in history
+    # a group of one run is a two-column table, the rest said once above it: it fits a window
+    assert "The one run here: date: " in history and "| run | status |" in history
     summary = appendix.run_page(mine, REFERENCE)
     assert "| 06_multicomm | 0 | 0 | 0 | interrupted |" in summary
 

@@ -714,3 +714,41 @@ def test_a_rank_without_efa_or_on_tcp_fails():
                                                              num_ranks=2, evidence=[],
                                                              transport="efa"))
     assert intranode_log_on_efa[testep.GATE_EFA]["status"] == "FAIL"
+
+
+# ---- the transport that loaded, per rank (tests/compose.py: NCCL's own lines) -------------------
+def composed_gates(tmp_path, transport: str, **variant) -> dict[str, dict]:
+    """03's gates over test_ep composed on 2 nodes x 8 ranks over EFA (tests/compose.py)."""
+    from tests import compose  # noqa: PLC0415
+
+    logs = compose.compose_test_ep(tmp_path / "logs", **variant)
+    return by_name(testep.gates_from_test_ep("\n".join(p.read_text() for p in logs), [0, 0],
+                                             num_ranks=16, evidence=[str(p) for p in logs],
+                                             transport=transport))
+
+
+def test_a_type5_run_passes_only_where_every_rank_loaded_type5(tmp_path):
+    passed = composed_gates(tmp_path / "a", "gin_type5", gin_type=5)
+    assert passed[testep.GATE_GIN]["status"] == "PASS"
+    assert passed[testep.GATE_GIN]["observed"]["type_per_rank"] == {str(r): 5 for r in range(16)}
+    # type 2 asks nothing of the GIN line: no such gate
+    assert testep.GATE_GIN not in composed_gates(tmp_path / "b", "efa")
+    # rank 9 asked for type 5 (its pod's env) and NCCL assigned it the type-2 plugin
+    loaded_2 = composed_gates(tmp_path / "c", "gin_type5", gin_type=5, gin_type_of_rank={9: 2})
+    failed = loaded_2[testep.GATE_GIN]
+    assert failed["status"] == "FAIL" and failed["reason"].startswith("rank 9: type 2, not GIN")
+    assert any(e.endswith("GIN/Plugin: Assigned plugin Libfabric type 2 to comm")
+               for e in failed["evidence"])
+    assert loaded_2[testep.GATE_EFA]["status"] == "PASS"  # the provider was EFA all along
+
+
+def test_a_rank_that_fell_back_to_socket_fails_the_efa_gate_naming_it(tmp_path):
+    """The silent fallback: the plugin selected EFA's provider on every rank, yet rank 4's NCCL
+    used its internal Socket network (ANCHORS section 6)."""
+    gates = composed_gates(tmp_path, "efa", network_of_rank={4: "Socket"})
+    efa = gates[testep.GATE_EFA]
+    assert efa["status"] == "FAIL"
+    assert efa["reason"].startswith("rank 4 used network Socket, not Libfabric")
+    assert efa["observed"]["not_libfabric"] == {"rank 4": "Socket"}
+    assert any(e.endswith("NCCL INFO Using network Socket") for e in efa["evidence"])
+    assert composed_gates(tmp_path / "ok", "efa")[testep.GATE_EFA]["status"] == "PASS"

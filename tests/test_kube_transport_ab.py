@@ -38,7 +38,10 @@ def job_of(transport: str, repeat: int) -> str:
 def script_runs(env, logs, failing: tuple[str, int] | None = None) -> None:
     for repeat, transport in transport_ab.arm_order(2):
         codes = [0, 1] if failing == (transport, repeat) else None
-        env.ranks(job_of(transport, repeat), compose.compose_test_ep(logs), exit_codes=codes)
+        gin_type = 5 if transport == "gin_type5" else None  # NCCL's assignment line, type 5
+        env.ranks(job_of(transport, repeat), compose.compose_test_ep(logs / transport,
+                                                                     gin_type=gin_type),
+                  exit_codes=codes)
 
 
 def test_03_ab_runs_each_arm_over_its_contract_interleaved_and_gates_the_ratio(env, tmp_path):
@@ -60,6 +63,10 @@ def test_03_ab_runs_each_arm_over_its_contract_interleaved_and_gates_the_ratio(e
         gate = f"test_ep 128 tokens, {transport_ab.LABELS[transport]}, repeat {repeat}: " \
                "EFA provider selected on every rank"
         assert gate in {g.gate: g.status for g in stage.gates if g.status == "PASS"}
+        loaded = f"test_ep 128 tokens, {transport_ab.LABELS[transport]}, repeat {repeat}: " \
+                 "GIN type 5 loaded on every rank"
+        assert (loaded in {g.gate for g in stage.gates if g.status == "PASS"}) == (
+            transport == "gin_type5")
     # the order the jobs were applied in: type 2 first, then type 5 first on repeat 2
     applied = [e["key"] for e in map(json.loads, (run / "transcript.jsonl").read_text()
                                      .splitlines()) if e["kind"] == "run"

@@ -86,14 +86,22 @@ def test_the_registry_takes_type5_with_a_pin_set_above_its_floor_and_defaults_pe
 
 
 # ---- per-rank gates --------------------------------------------------------------------------
-def nccl_log(world: int, settings: dict[int, dict[str, str]]) -> str:
-    """One process per rank on two hosts: NCCL's ENV lines, then its communicator's Init COMPLETE."""
+def nccl_log(world: int, settings: dict[int, dict[str, str]],
+             loaded: dict[int, str] | None = None) -> str:
+    """One process per rank on two hosts: NCCL's ENV lines, the GIN plugin NCCL assigned it
+    (``loaded``: rank -> "<plugin> type <N>", NCCL 2.30.x's form; "<plugin>" alone, the later
+    form without the type), then its communicator's Init COMPLETE."""
     lines = []
     for rank in range(world):
         host, pid = f"node-{rank // 8}", 4000 + rank
         for var, value in settings.get(rank, {}).items():
             lines.append(f"{host}:{pid}:{pid} [{rank % 8}] NCCL INFO {var} set by environment "
                          f"to {value}.")
+        if rank in (loaded or {}):
+            said = loaded[rank]
+            lines.append(f"{host}:{pid}:{pid} [{rank % 8}] NCCL INFO " + (
+                f"GIN/Plugin: Assigned plugin {said} to comm" if " type " in said
+                else f"Assigned GIN plugin {said} to comm"))
         lines.append(f"{host}:{pid}:{pid} [{rank % 8}] NCCL INFO ncclCommInitRank comm "
                      f"0x55{rank:04x} rank {rank} nranks {world} cudaDev {rank % 8} nvmlDev "
                      f"{rank % 8} busId 1000 commId 0x1 - Init COMPLETE")
@@ -103,10 +111,18 @@ def nccl_log(world: int, settings: dict[int, dict[str, str]]) -> str:
 TYPE5 = {"NCCL_GIN_TYPE": "5", "NCCL_SYM_GIN_KERNELS_ENABLE": "0"}
 
 
-def test_type5_gates_pass_when_every_rank_read_both_settings():
-    text = nccl_log(16, {r: TYPE5 for r in range(16)})
+GDAKI = {r: "Libfabric_GDAKI type 5" for r in range(16)}
+
+
+def test_type5_gates_pass_when_every_rank_read_both_settings_and_loaded_type5():
+    text = nccl_log(16, {r: TYPE5 for r in range(16)}, GDAKI)
     gates = vllm_logs.transport_gates(text, 16, "gin_type5", log_name="pods")
-    assert [g["status"] for g in gates] == ["PASS", "PASS"]
+    assert [g["status"] for g in gates] == ["PASS", "PASS", "PASS"]
+    assert gates[2]["gate"] == "nccl_gin_type_5_assigned_per_rank"
+    assert gates[2]["observed"]["type_per_rank"] == {str(r): 5 for r in range(16)}
+    # the later NCCL form names the plugin only: its type read from the plugin's known name
+    later = nccl_log(16, {r: TYPE5 for r in range(16)}, {r: "Libfabric_GDAKI" for r in range(16)})
+    assert vllm_logs.transport_gates(later, 16, "gin_type5")[2]["status"] == "PASS"
     assert gates[0]["observed"]["ranks"] == list(range(16))
     assert gates[0]["evidence"][0].startswith("pods:1: node-0:4000:4000 [0] NCCL INFO "
                                               "NCCL_GIN_TYPE set by environment to 5.")
@@ -118,12 +134,28 @@ def test_type5_gates_fail_on_a_rank_without_it_and_on_a_rank_on_the_proxy():
     gin = vllm_logs.transport_gates(nccl_log(16, missing), 16, "gin_type5")[0]
     assert gin["status"] == "FAIL" and gin["observed"]["missing"] == [11]
     proxy = {**{r: TYPE5 for r in range(16)}, 3: {"NCCL_GIN_TYPE": "2"}}
-    gin, sym = vllm_logs.transport_gates(nccl_log(16, proxy), 16, "gin_type5")
+    gin, sym, _ = vllm_logs.transport_gates(nccl_log(16, proxy), 16, "gin_type5")
     assert gin["status"] == "FAIL" and "another value than 5" in gin["reason"]
     assert any("NCCL_GIN_TYPE set by environment to 2" in e for e in gin["evidence"])
     assert sym["status"] == "FAIL" and sym["observed"]["missing"] == [3]
     none = env_setting_per_rank(nccl_log(16, {}), 16, "NCCL_GIN_TYPE", "5")
     assert none["status"] == "FAIL" and "NCCL_DEBUG=INFO without ENV" in none["reason"]
+
+
+def test_a_type5_request_that_loaded_type2_fails_naming_the_rank():
+    """Every rank asked for type 5 and read both settings; NCCL assigned rank 11 the type-2
+    plugin: the environment gates PASS, the one of what loaded FAILs naming rank 11."""
+    loaded = {**GDAKI, 11: "Libfabric type 2"}
+    asked, sym, gin = vllm_logs.transport_gates(nccl_log(16, {r: TYPE5 for r in range(16)},
+                                                         loaded), 16, "gin_type5", log_name="pods")
+    assert (asked["status"], sym["status"]) == ("PASS", "PASS")
+    assert gin["status"] == "FAIL" and gin["reason"].startswith("rank 11: type 2, not GIN type 5")
+    assert gin["evidence"][0].endswith("GIN/Plugin: Assigned plugin Libfabric type 2 to comm")
+    # a rank that printed no assignment (none loaded): named too
+    gone = vllm_logs.transport_gates(nccl_log(16, {r: TYPE5 for r in range(16)},
+                                              {r: v for r, v in GDAKI.items() if r != 4}),
+                                     16, "gin_type5")[2]
+    assert gone["status"] == "FAIL" and gone["reason"].startswith("rank(s) 4 of 16: no ")
 
 
 def timeouts_log(world: int, values: dict[int, tuple[int, int]]) -> str:

@@ -148,6 +148,15 @@ def efa_provider_per_rank(log_text: str, world: int | None = None, *,
     evidence = (other_lines + efa_lines)[:64]
     expected = {"non_efa_lines": 0,
                 "ranks_with_efa": list(range(world)) if world is not None else "at least one"}
+    fell_back = networks_not_libfabric(log_text, proc_ranks, log_name=log_name)
+    if fell_back:
+        who = sorted({w for w, _ in fell_back.values()})
+        said = sorted({n for _, n in fell_back.values()})
+        observed["not_libfabric"] = {w: n for w, n in fell_back.values()}
+        return gate(name, False, observed, expected,
+                    f"{', '.join(who)} used network {' and '.join(said)}, not Libfabric: NCCL "
+                    "fell back from the aws-ofi-nccl plugin (traffic would not go over EFA)",
+                    list(fell_back) + evidence[:63]).as_dict()
     if other_lines:
         return gate(name, False, observed, expected,
                     f"{len(other_lines)} provider line(s) selected "
@@ -175,6 +184,94 @@ def efa_provider_per_rank(log_text: str, world: int | None = None, *,
     return gate(name, ok, observed, expected,
                 f"{len(efa_procs)} process(es) selected EFA for a world of {world}; no NCCL "
                 "init lines tie them to ranks, so this counts processes, not named ranks",
+                evidence).as_dict()
+
+
+# --- NCCL: the network and the GIN plugin each rank loaded --------------------------------------
+# NCCL prints the network it uses, once per process: "Using network %s" (NVIDIA/nccl src/init.cc,
+# INFO(NCCL_INIT|NCCL_NET)); the aws-ofi-nccl plugin's is "Libfabric" (R's logs, 2026-07, and
+# NVIDIA/nccl issue #1597) or "AWS Libfabric" (an older plugin's name); a plugin that failed to
+# load leaves NCCL's internal "Socket" (or "IB"): the silent fallback of ANCHORS section 6
+# (InferenceX PR #2979 review, 2026-09; NVIDIA-NeMo/RL #2410).
+_NETWORK_RE = re.compile(r"NCCL INFO (?:NET/Plugin: )?Using network (.+?)\s*$")
+LIBFABRIC_NETWORKS = ("Libfabric", "AWS Libfabric")
+
+
+def networks_not_libfabric(log_text: str, proc_ranks: dict[tuple, set], *,
+                           log_name: str = "log") -> dict[str, tuple[str, str]]:
+    """Each "Using network X" line whose X is not the plugin's Libfabric, quoted, with who
+    printed it ("rank 3", or "process host:pid" where no NCCL init line ties it to a rank) and
+    X."""
+    out = {}
+    for i, line in enumerate(_lines(log_text), 1):
+        m = _NETWORK_RE.search(line)
+        if not m or m.group(1) in LIBFABRIC_NETWORKS:
+            continue
+        p = _NCCL_PREFIX_RE.search(line)
+        proc = (p.group(1), int(p.group(2))) if p else None
+        ranks = sorted(proc_ranks.get(proc, ())) if proc else []
+        who = (f"rank {', '.join(map(str, ranks))}" if ranks
+               else f"process {proc[0]}:{proc[1]}" if proc else f"line {i}")
+        out[_quote(log_name, i, line)] = (who, m.group(1))
+    return out
+
+
+# The GIN plugin NCCL assigned to a communicator, and its type. NCCL 2.30.x prints "GIN/Plugin:
+# Assigned plugin %s type %d to comm" (as public logs quote it: "Libfabric_GDAKI type 5" at
+# 2.30.7 on p5en; "GIN_IB_GDAKI type 3"); later NCCL (NVIDIA/nccl src/plugin/gin.cc @0456df2)
+# prints "Assigned GIN plugin %s to comm" without the type, and "Skipping GIN plugin %s index %d
+# type %d: NCCL_GIN_TYPE=%ld requested" for the others. "Loaded gin plugin Libfabric_GDAKI (v14)"
+# prints whichever type runs (the EFA installer 1.50.0 registers types 2 and 5 and NCCL picks 2
+# by default: whn09/ep-benchmarks-efa, 2026-08), so only the assignment says what loaded. A
+# plugin name without a type on its line is read through the names whose type is known.
+_GIN_ASSIGNED_RE = re.compile(
+    r"Assigned (?:GIN )?plugin (\S+?)(?: type (\d+))? to comm")
+GIN_TYPE_OF_PLUGIN = {"Libfabric_GDAKI": 5, "GIN_IB_GDAKI": 3}
+
+
+def gin_assigned_per_rank(log_text: str, world: int, gin_type: int, *,
+                          log_name: str = "log") -> dict:
+    """Gate: NCCL assigned every rank 0..world-1 a GIN plugin of type ``gin_type`` (its
+    assignment line, tied to ranks through the same host:pid's NCCL init lines). A rank
+    assigned another type FAILs it, named; so does a rank with no assignment line."""
+    name = f"nccl_gin_type_{gin_type}_assigned_per_rank"
+    proc_ranks: dict[tuple, set] = defaultdict(set)
+    for c in nccl_comm_lines(log_text):
+        if c["host"] is not None and c["nranks"] == world:
+            proc_ranks[(c["host"], c["pid"])].add(c["rank"])
+    type_of_rank: dict[int, int | None] = {}
+    quoted, wrong = [], []
+    for i, line in enumerate(_lines(log_text), 1):
+        m = _GIN_ASSIGNED_RE.search(line)
+        if not m:
+            continue
+        plugin = m.group(1)
+        loaded = int(m.group(2)) if m.group(2) else GIN_TYPE_OF_PLUGIN.get(plugin)
+        p = _NCCL_PREFIX_RE.search(line)
+        for r in proc_ranks.get((p.group(1), int(p.group(2))), ()) if p else ():
+            type_of_rank[r] = loaded
+        (quoted if loaded == gin_type else wrong).append(_quote(log_name, i, line))
+    other = {r: t for r, t in sorted(type_of_rank.items()) if t != gin_type}
+    missing = [r for r in range(world) if r not in type_of_rank]
+    observed = {"type_per_rank": {str(r): t for r, t in sorted(type_of_rank.items())},
+                "missing": missing}
+    expected = {"type": gin_type, "ranks": list(range(world))}
+    evidence = (wrong + quoted)[:64]
+    if other:
+        said = "; ".join(f"rank {r}: " + ("a plugin of unknown type" if t is None else f"type {t}")
+                         for r, t in other.items())
+        return gate(name, False, observed, expected,
+                    f"{said}, not GIN type {gin_type} as the run asked (NCCL_GIN_TYPE is what a "
+                    "rank asked; this line is what it loaded)", evidence).as_dict()
+    if missing:
+        return gate(name, False, observed, expected,
+                    f"rank(s) {', '.join(map(str, missing))} of {world}: no 'Assigned ... "
+                    "plugin' line from their process (NCCL_DEBUG=INFO with INIT or NET in "
+                    "NCCL_DEBUG_SUBSYS; 'Failed to initialize any GIN plugin' means none loaded)",
+                    evidence).as_dict()
+    return gate(name, True, observed, expected,
+                f"every rank of {world} was assigned GIN type {gin_type} (NCCL's assignment "
+                "line, tied to ranks through each process's NCCL init lines)",
                 evidence).as_dict()
 
 

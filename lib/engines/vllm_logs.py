@@ -320,7 +320,7 @@ def assert_backend(log_text: str, requested_backend: str, *, dp_size: int,
 # --- NCCL: per-rank evidence (lib.engines.nccl_logs, the same for every engine) ----------------
 from lib.engines.nccl_logs import (  # noqa: E402  (re-exported: vllm_logs.per_rank_nccl, ...)
     _EFA_RE, _NCCL_COMM_RE, _NCCL_PREFIX_RE, _PROVIDER_RE, efa_provider_per_rank,
-    env_setting_per_rank, nccl_comm_lines, per_rank_nccl)
+    env_setting_per_rank, gin_assigned_per_rank, nccl_comm_lines, per_rank_nccl)
 from lib.engines import transport as _transport  # noqa: E402
 
 
@@ -329,13 +329,15 @@ def transport_gates(log_text: str, world: int, transport: str, *,
     """What the transport contract asks of every rank's log beyond the EFA provider: on
     gin_type5, that every rank read NCCL_GIN_TYPE=5 and NCCL_SYM_GIN_KERNELS_ENABLE=0 (a rank
     without them falls back to the CPU proxy or to NCCL's symmetric GIN kernels, silently:
-    whn09/ep-benchmarks-efa measured decode 2.2x slower at 2 nodes, 5.4x at 4). None on the other
+    whn09/ep-benchmarks-efa measured decode 2.2x slower at 2 nodes, 5.4x at 4), and that NCCL
+    assigned every rank a type-5 plugin (what it loaded, not what it asked). None on the other
     contracts: type 2 is NCCL's default for EFA, and intranode runs GIN off."""
     if transport != "gin_type5":
         return []
     wanted = {v.name: v.value for v in _transport.contract(transport)}
     return [env_setting_per_rank(log_text, world, var, wanted[var], log_name=log_name)
-            for var in ("NCCL_GIN_TYPE", "NCCL_SYM_GIN_KERNELS_ENABLE")]
+            for var in ("NCCL_GIN_TYPE", "NCCL_SYM_GIN_KERNELS_ENABLE")] + [
+        gin_assigned_per_rank(log_text, world, int(wanted["NCCL_GIN_TYPE"]), log_name=log_name)]
 
 
 # --- ElasticBuffer's timeouts, as the guide's vLLM patch 0002 says them on every rank ----------

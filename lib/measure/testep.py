@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from lib.core.evidence import gate, skip
 from lib.engines.transport import Transport, over_efa
+from lib.engines.nccl_logs import gin_assigned_per_rank
 from lib.engines.vllm_logs import efa_provider_per_rank
 
 PHASES: tuple[str, ...] = ("dispatch", "expanded dispatch", "cached dispatch", "combine",
@@ -200,6 +201,7 @@ GATE_RANKS = "test_ep lines from every rank"
 GATE_DC = "dispatch+combine p50 recorded"
 GATE_DC_MAX = "dispatch+combine p50 within the contract"
 GATE_EFA = "EFA provider selected on every rank"
+GATE_GIN = "GIN type 5 loaded on every rank"
 
 
 # ---- the kernel test: gates ---------------------------------------------------------------------
@@ -241,6 +243,9 @@ def gates_from_test_ep(log_text: str, rc: ExitCodes, *, num_ranks: int, evidence
     if dc_p50_max_us is not None:
         gates.append(_dc_max_gate(case, float(dc_p50_max_us), num_ranks, ev))
     gates.append(_efa_gate(log_text, transport, num_ranks, ev))
+    if transport == "gin_type5":  # the type a rank asked for is not proof of the one it loaded
+        found = gin_assigned_per_rank(log_text, num_ranks, 5, log_name=ev[0] if ev else "log")
+        gates.append({**found, "gate": GATE_GIN, "evidence": ev + list(found["evidence"])})
     return gates
 
 

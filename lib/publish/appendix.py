@@ -70,12 +70,14 @@ _ALWAYS_A_COLUMN = ("run", "status")
 def history_group(runs: list[Run]) -> str:
     """One group's table. A column whose value every run of the group shares (the hardware of
     nine control-plane runs) is said once above the table instead, so the table keeps the
-    columns that tell its runs apart and fits the page."""
+    columns that tell its runs apart and fits the page (a group of one run: its run and status,
+    the rest said above)."""
     table = pd.DataFrame([history_row(r) for r in runs])
     shared = [c for c in table.columns
-              if len(runs) > 1 and c not in _ALWAYS_A_COLUMN and table[c].nunique() == 1]
+              if c not in _ALWAYS_A_COLUMN and table[c].nunique() == 1]
     said = "; ".join(f"{c}: {table[c].iloc[0]}" for c in shared)
-    return (f"Every run here: {said}.\n\n" if said else "") + _md_table(table.drop(columns=shared))
+    lead = "Every run here" if len(runs) > 1 else "The one run here"
+    return (f"{lead}: {said}.\n\n" if said else "") + _md_table(table.drop(columns=shared))
 
 
 def removed_section(removed: list) -> str:

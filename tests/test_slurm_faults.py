@@ -278,6 +278,29 @@ def test_a_down_partition_fails_00_and_03_at_the_first_squeue_quoting_partitiond
         time.sleep(0.2)
 
 
+def test_00_fails_at_once_naming_a_drained_node_its_state_and_reason(cluster, tmp_path):
+    """A node an administrator drained (issue 43): partition urgent (n1, n2) has one node that
+    runs jobs for a run of two, so 00 FAILs before any allocation, naming n2, the state sinfo
+    says and the reason scontrol holds; nothing is queued."""
+    from lib.core.errors import PlaceError
+
+    cluster.run("scontrol", "update", "NodeName=n2", "State=DRAIN",
+                "Reason=fault test: drained for 00")
+    try:
+        probe = slurm_stage(tmp_path / "00", "00_cluster", {"partition": "urgent",
+                                                            "schedule_timeout_s": 120.0})
+        started = time.monotonic()
+        with pytest.raises(PlaceError) as refused:
+            SlurmPlace(probe).host_facts()
+        assert time.monotonic() - started < 10
+        said = str(refused.value)
+        assert "1 of its 2 node(s) in a state that runs jobs, the run asks 2" in said, said
+        assert "n2 is drained (sinfo), reason 'fault test: drained for 00" in said, said
+        assert "urgent" not in cluster.run("squeue", "-h", "-o", "%P").stdout.split()
+    finally:
+        cluster.run("scontrol", "update", "NodeName=n2", "State=RESUME")
+
+
 def test_only_the_reasons_slurm_says_cannot_clear_end_a_wait():
     """The list and its source (lib.places.slurm.waits.HOPELESS_REASONS): a reason that clears
     as other jobs end is waited out; one with the nodes it names is read by its code."""

@@ -91,6 +91,13 @@ def schedulable_gates(facts: dict, needs: NodeNeeds, evidence: list[str], name) 
                           f"plugin's count); every rank and serve pod asks {needs.efa}"
                           + ("; 0: the EFA device plugin is not running on the node"
                              if offered == 0 else ""), evidence))
+    if "troubled_conditions" in facts:
+        trouble = facts["troubled_conditions"]
+        gates.append(gate(name("Ready, no pressure"), not trouble, trouble or "Ready",
+                          "Ready, no pressure or network condition",
+                          ("the kubelet reports: " + "; ".join(trouble)
+                           + " (a pod is not placed there, or is evicted)") if trouble else
+                          "Ready; no memory, disk or PID pressure, network available", evidence))
     if "untolerated_taints" in facts:
         blocked = facts["untolerated_taints"]
         gates.append(gate(name("taints the guide's pods tolerate"), not blocked,

@@ -41,6 +41,30 @@ def tolerates(toleration: dict, taint: dict) -> bool:
             and toleration.get("value", "") == taint.get("value", ""))
 
 
+# A node condition that, True, keeps pods off the node or evicts them: the kubelet's pressure
+# conditions (the node-pressure eviction signals) and the network's (Kubernetes' Node status,
+# "Conditions": MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable).
+TROUBLE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
+
+
+def troubled(node: dict) -> list[str]:
+    """The node's conditions that say it cannot take the guide's pods, in the kubelet's words:
+    Ready not True (its status and reason), and each of TROUBLE_CONDITIONS that is True, as
+    `Type: reason: message`."""
+    said = []
+    conditions = (node.get("status") or {}).get("conditions") or []
+    for c in conditions:
+        bad = (c.get("status") != "True" if c.get("type") == "Ready"
+               else c.get("type") in TROUBLE_CONDITIONS and c.get("status") == "True")
+        if bad:
+            words = [w for w in (c.get("reason"), c.get("message")) if w]
+            said.append(f"{c['type']}={c.get('status')}" + (f": {': '.join(words)}" if words
+                                                             else ""))
+    if not any(c.get("type") == "Ready" for c in conditions):
+        said.append("Ready: no such condition (the kubelet never reported)")
+    return said
+
+
 def node_facts(node: dict, versions: dict) -> dict[str, Any]:
     """What `kubectl get nodes` says of one node, in the keys 00 gates."""
     meta, status = node["metadata"], node.get("status") or {}
@@ -54,6 +78,7 @@ def node_facts(node: dict, versions: dict) -> dict[str, Any]:
         "taints": [f"{t['key']}:{t.get('effect')}" for t in
                    (node.get("spec") or {}).get("taints") or []],
         "untolerated_taints": untolerated(node),
+        "troubled_conditions": troubled(node),
         "cpu_cores": _cpu(alloc.get("cpu", "0")),
         "memory_gib": round(_bytes(alloc.get("memory", "0")) / 2 ** 30, 1),
         "gpus": [{"index": i} for i in range(int(alloc.get(manifests.GPU_RESOURCE, 0)))],

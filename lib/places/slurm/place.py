@@ -209,6 +209,7 @@ class SlurmPlace(Place):
         version = self._query(["sinfo", "--version"]).stdout.strip()
         rows = {r["node"]: r for r in self.nodes()}
         gpus, nodes = self.gpus(), int(self.spec.nodes)
+        self._require_usable_nodes(rows, nodes)
         try:
             jobid = self._allocate("node probe", nodes, gpus)
         except NotAllocated as why:
@@ -242,6 +243,27 @@ class SlurmPlace(Place):
             })
         self.last_facts = facts
         return facts
+
+    def _require_usable_nodes(self, rows: dict[str, dict[str, Any]], asked: int) -> None:
+        """Before any allocation: fewer nodes of the partition in a state that runs jobs than
+        the run asks FAILs 00 at once, each other node named with its state and the reason
+        Slurm holds for it (`scontrol show node`: an administrator's drain reason, "Not
+        responding"), rather than a probe that pends until Slurm's pending reason says so."""
+        usable = [n for n, r in rows.items() if parse.usable(r["slurm_state"])]
+        if len(usable) >= asked:
+            return
+        said = []
+        for name, row in rows.items():
+            if name in usable:
+                continue
+            shown = self.door.run(["scontrol", "-o", "show", "node", name],
+                                  timeout=waits.QUERY_TIMEOUT_S, check=False)
+            raw = parse.parse_scontrol(shown.stdout) if shown.ok else {}
+            reason = raw.get("Reason")
+            said.append(f"{name} is {row['slurm_state']} (sinfo)"
+                        + (f", reason {reason!r} (scontrol show node)" if reason else ""))
+        raise PlaceError(self.where(), f"{len(usable)} of its {len(rows)} node(s) in a state "
+                         f"that runs jobs, the run asks {asked}: " + "; ".join(said))
 
     def _probe_argv(self, jobid: str, nodes: int, base: str, gpus: int) -> list[str]:
         """The probe step: bash on the nodes themselves (never in the image)."""

@@ -1,0 +1,47 @@
+"""00's reading of a Kubernetes Node (lib.places.kube.pods): the taints the guide's pods do not
+tolerate and the conditions that keep pods off a node, from Node objects in the API's own shape
+(the condition reasons and messages are the kubelet's: kubernetes pkg/kubelet/nodestatus)."""
+from lib.places.kube import manifests, pods
+
+
+def node(conditions=None, taints=None) -> dict:
+    return {"metadata": {"name": "p5en-a", "labels": {}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"allocatable": {"cpu": "192", "memory": "2000Gi",
+                                       manifests.GPU_RESOURCE: "8", manifests.EFA_RESOURCE: "16"},
+                       "conditions": conditions if conditions is not None else READY}}
+
+
+READY = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+          "message": "kubelet is posting ready status"},
+         {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+          "message": "kubelet has sufficient memory available"},
+         {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure",
+          "message": "kubelet has no disk pressure"}]
+
+
+def test_a_ready_node_without_pressure_is_not_troubled():
+    assert pods.troubled(node()) == []
+    assert pods.node_facts(node(), {})["troubled_conditions"] == []
+
+
+def test_pressure_and_not_ready_are_said_in_the_kubelet_s_words():
+    pressed = [READY[0], {**READY[2], "status": "True", "reason": "KubeletHasDiskPressure",
+                          "message": "kubelet has disk pressure"},
+               {"type": "PIDPressure", "status": "True", "reason": "KubeletHasInsufficientPID",
+                "message": "kubelet has insufficient PID available"}]
+    assert pods.troubled(node(pressed)) == [
+        "DiskPressure=True: KubeletHasDiskPressure: kubelet has disk pressure",
+        "PIDPressure=True: KubeletHasInsufficientPID: kubelet has insufficient PID available"]
+    lost = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+             "message": "Kubelet stopped posting node status."}]
+    assert pods.troubled(node(lost)) == [
+        "Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status."]
+    assert pods.troubled(node([])) == ["Ready: no such condition (the kubelet never reported)"]
+
+
+def test_only_a_blocking_taint_no_toleration_matches_is_untolerated():
+    taints = [{"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"},
+              {"key": manifests.GPU_RESOURCE, "effect": "NoSchedule"},
+              {"key": "example.com/soon", "effect": "PreferNoSchedule"}]
+    assert pods.untolerated(node(taints=taints)) == ["example.com/maintenance=true:NoSchedule"]

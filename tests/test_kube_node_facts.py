@@ -45,3 +45,24 @@ def test_only_a_blocking_taint_no_toleration_matches_is_untolerated():
               {"key": manifests.GPU_RESOURCE, "effect": "NoSchedule"},
               {"key": "example.com/soon", "effect": "PreferNoSchedule"}]
     assert pods.untolerated(node(taints=taints)) == ["example.com/maintenance=true:NoSchedule"]
+
+
+def test_what_keeps_a_pod_off_each_node_is_said_per_node():
+    pod = {"spec": {"nodeSelector": {manifests.INSTANCE_TYPE_LABEL: "p5en.48xlarge"},
+                    "containers": [{"resources": {
+                        "limits": {manifests.GPU_RESOURCE: "8", manifests.EFA_RESOURCE: "16"},
+                        "requests": {"memory": "64Gi"}}}]}}
+    fits = node()
+    fits["metadata"]["labels"] = {manifests.INSTANCE_TYPE_LABEL: "p5en.48xlarge"}
+    assert pods.why_not_on(pod, fits) == []
+    lacking = node(taints=[{"key": "example.com/maintenance", "effect": "NoSchedule"}])
+    lacking["metadata"]["name"] = "p5en-b"
+    lacking["spec"]["unschedulable"] = True
+    lacking["status"]["allocatable"][manifests.EFA_RESOURCE] = "0"
+    assert pods.why_not_on(pod, lacking) == [
+        "cordoned (spec.unschedulable)", "taint example.com/maintenance:NoSchedule",
+        f"label {manifests.INSTANCE_TYPE_LABEL}=None, the pod selects 'p5en.48xlarge'",
+        f"{manifests.EFA_RESOURCE} allocatable 0, the pod asks 16"]
+    said = pods.nodes_said(pod, [fits, lacking])
+    assert said.startswith("p5en-a: offers all the pod asks (other pods hold some of it?) | "
+                           "p5en-b: cordoned")

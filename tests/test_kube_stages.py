@@ -197,6 +197,9 @@ def test_03_a_pod_that_cannot_be_scheduled_fails_with_the_scheduler_s_reason(env
     stage.finish()
     pending = next(g for g in stage.gates if g.gate.endswith("pods scheduled"))
     assert pending.status == "FAIL" and "Insufficient vpc.amazonaws.com/efa" in pending.reason
+    # beside the scheduler's words, which name no node: what each node lacks, from its object
+    for node in NODES:
+        assert f"{node}: vpc.amazonaws.com/efa allocatable 16, the pod asks 32" in pending.reason
     assert env.objects_left() == []
 
 

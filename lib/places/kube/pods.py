@@ -151,6 +151,59 @@ def unschedulable(pod: dict) -> str | None:
     return None
 
 
+def _quantity(resource: str, value: str) -> float:
+    return _cpu(value) if resource == "cpu" else float(_bytes(value))
+
+
+def pod_requests(pod: dict) -> dict[str, str]:
+    """What the pod asks of a node, by resource: its containers' requests, a limit standing for
+    a request it lacks (Kubernetes defaults a missing request to the limit), summed."""
+    total: dict[str, float] = {}
+    shown: dict[str, str] = {}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, value in asked.items():
+            total[name] = total.get(name, 0.0) + _quantity(name, str(value))
+            shown[name] = str(value) if name not in shown else f"{total[name]:g}"
+    return shown
+
+
+def why_not_on(pod: dict, node: dict) -> list[str]:
+    """What keeps `pod` off `node`, from the node's own object: cordoned, a condition
+    (`troubled`), a taint no toleration of the guide matches, a nodeSelector label it lacks, a
+    resource whose allocatable is below the pod's request (what other pods already hold is not
+    counted: the scheduler's own words say "Insufficient" for that)."""
+    said = []
+    spec, meta = node.get("spec") or {}, node.get("metadata") or {}
+    if spec.get("unschedulable"):
+        said.append("cordoned (spec.unschedulable)")
+    said += troubled(node)
+    said += [f"taint {t}" for t in untolerated(node)]
+    labels = meta.get("labels") or {}
+    for key, value in ((pod.get("spec") or {}).get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            said.append(f"label {key}={labels.get(key)!r}, the pod selects {value!r}")
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    for name, value in pod_requests(pod).items():
+        offered = alloc.get(name, "0")
+        if _quantity(name, str(offered)) < _quantity(name, value):
+            said.append(f"{name} allocatable {offered}, the pod asks {value}")
+    return said
+
+
+def nodes_said(pod: dict, nodes: list[dict]) -> str:
+    """Per node, what keeps the pod off it (`why_not_on`), or that it offers all the pod asks
+    (then other pods hold it)."""
+    parts = []
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name", "?")
+        why = why_not_on(pod, node)
+        parts.append(f"{name}: " + ("; ".join(why) if why else
+                                    "offers all the pod asks (other pods hold some of it?)"))
+    return " | ".join(parts)
+
+
 def is_ready(pod: dict | None) -> bool:
     return bool(pod) and any(c.get("type") == "Ready" and c.get("status") == "True"
                              for c in (pod.get("status") or {}).get("conditions") or [])

@@ -13,8 +13,8 @@ from __future__ import annotations
 from lib.core.errors import NotScheduled
 from lib.places.cluster import wait_until
 from lib.places.kube.pods import (POLL_S, PodsNotCreated, PodStuck, exit_code,
-                                  failed_creations, is_finished, is_ready, restarted, stuck_reason, unschedulable,
-                                  where_pod)
+                                  failed_creations, is_finished, is_ready, nodes_said, restarted,
+                                  stuck_reason, unschedulable, where_pod)
 
 # A StatefulSet's controller makes its pods within a second of the apply (Parallel); pods still
 # absent after this long are looked for in its FailedCreate events (an admission's refusal).
@@ -47,7 +47,10 @@ def wait_pods(place, names: list[str], *, done: bool, timeout_s: float,
             raise PodStuck("; ".join(f"{where_pod(n, pods[n])}: {r}"
                                      for n, r in stuck.items()))
         if reasons and waited >= schedule_by:
-            raise NotScheduled("; ".join(f"{n}: {r}" for n, r in reasons.items()))
+            nodes = (place._json("get", "nodes") or {}).get("items", [])
+            raise NotScheduled("; ".join(
+                f"{n}: {r} (the scheduler); the nodes: {nodes_said(pods[n], nodes)}"
+                for n, r in reasons.items()))
         if all(p and (is_finished(p) if done else is_ready(p)) for p in pods.values()):
             return True, pods
         if peers and any(p and is_finished(p) and exit_code(p) != 0 for p in pods.values()):

@@ -61,6 +61,10 @@ def test_every_node_renders_the_same_serve_with_its_own_node_rank():
 def test_one_machine_serves_direct_and_the_guide_s_allgather_is_sglang_s_none():
     one = sglang.sglang_argv(spec(role="local", nodes=1, rendezvous=None))
     assert flag(one, "--deepep-v2-mode") == "direct" and "--nnodes" not in one
+    # the stage's deepep_v2_mode, where it names one, is the mode asked (and gated)
+    asked = spec(deepep_v2_mode="direct")
+    assert flag(sglang.sglang_argv(asked), "--deepep-v2-mode") == "direct"
+    assert sglang.mode_asked(asked) == "direct"
     plain = sglang.sglang_argv(spec(backend="allgather_reducescatter"))
     assert flag(plain, "--moe-a2a-backend") == "none"
     assert "--deepep-v2-mode" not in plain and "--moe-runner-backend" not in plain

@@ -13,7 +13,8 @@ import pytest
 from lib.roots import pins
 from lib.core.errors import ParameterError
 from lib.engines.transport import transport_env
-from lib.engines.vllm_args import BACKENDS, REMOVED_BACKENDS, vllm_serve, worker_start_rank
+from lib.engines.vllm_args import (BACKENDS, HYBRID_MODE_VAR, REMOVED_BACKENDS, vllm_serve,
+                                    worker_start_rank)
 from lib.stages import registry
 
 MODEL = "Qwen/Qwen3-30B-A3B-FP8"
@@ -77,6 +78,17 @@ def test_env_carries_the_transport_contract_and_the_vllm_settings():
     # variable detected"): not set.
     assert "VLLM_USE_FLASHINFER_MOE_FP8" not in env
     assert "NVSHMEM_IB_ENABLE_IBGDA" not in env
+
+
+def test_the_deepep_v2_mode_is_always_set_through_vllm_s_variable():
+    """vLLM's default for it moved under the same argv (#54281, #57991): set either way."""
+    _, hybrid = vllm_serve("leader", **{**CLUSTER, "backend": "deepep_v2"})
+    _, direct = vllm_serve("leader", **{**CLUSTER, "backend": "deepep_v2"},
+                           deepep_v2_mode="direct")
+    assert (hybrid[HYBRID_MODE_VAR], direct[HYBRID_MODE_VAR]) == ("1", "0")
+    _, other = vllm_serve("leader", **{**CLUSTER, "backend": "allgather_reducescatter"},
+                          deepep_v2_mode="direct")
+    assert HYBRID_MODE_VAR not in other  # no DeepEP-V2, no mode
 
 
 def test_extra_env_is_set_over_the_contract():
@@ -186,3 +198,19 @@ def test_params_all2all_backends_are_vllm_args_backends():
     assert registry.ALL2ALL_BACKENDS == BACKENDS
     with pytest.raises(ParameterError, match="all2all_backend"):
         registry.resolve("04_serve", {"all2all_backend": "naive"})
+
+
+def test_04_shows_the_mode_as_each_rank_was_given_it():
+    from lib.stages import serve as serve_stage  # noqa: PLC0415
+
+    _, env = vllm_serve("leader", **CLUSTER, deepep_v2_mode="direct")
+    vllm = {"engine": "vllm", "backend": "deepep_v2", "deepep_v2_mode": "direct", "env": env}
+    assert serve_stage.mode_given(vllm) == f"direct ({HYBRID_MODE_VAR}=0)"
+    table = serve_stage.facts(vllm)
+    assert table.set_index("fact").loc["DeepEP-V2 mode given to every rank", "value"] == (
+        f"direct ({HYBRID_MODE_VAR}=0)")
+    sglang = {"deepep_v2_mode": "hybrid", "env": {},
+              "argv": ["sglang", "serve", "--deepep-v2-mode", "hybrid"]}
+    assert serve_stage.mode_given(sglang) == "hybrid (--deepep-v2-mode hybrid)"
+    plain = serve_stage.facts({"engine": "vllm", "backend": "allgather_reducescatter"})
+    assert "DeepEP-V2 mode given to every rank" not in set(plain["fact"])

@@ -124,7 +124,7 @@ def sglang_argv(spec: EngineSpec) -> list[str]:
     argv += ["--tp-size", str(dp), "--dp-size", str(dp), "--enable-dp-attention",
              "--ep-size", str(dp), "--moe-a2a-backend", a2a]
     if a2a == "deepep_v2":
-        argv += ["--deepep-v2-mode", "hybrid" if spec.nodes > 1 else "direct",
+        argv += ["--deepep-v2-mode", mode_asked(spec),
                  "--moe-runner-backend", "deep_gemm"]
     argv += ["--chunked-prefill-size", str(DISPATCH_TOKENS_PER_RANK * dp)]
     if spec.nodes > 1:
@@ -197,9 +197,15 @@ def buffer_gate(every: str, spec: EngineSpec, *, log_name: str) -> dict:
                 reason, evidence).as_dict()
 
 
+def mode_asked(spec: EngineSpec) -> str:
+    """The DeepEP v2 mode the serve asks for: the stage's `deepep_v2_mode`, else hybrid across
+    nodes and direct on one."""
+    return spec.deepep_v2_mode or ("hybrid" if spec.nodes > 1 else "direct")
+
+
 def mode_gate(logs: Mapping[str, str], spec: EngineSpec) -> dict:
     """deepep_v2: every node's launcher resolved the DeepEP v2 mode asked (moe_hook.py:232)."""
-    want = "hybrid" if spec.nodes > 1 else "direct"
+    want = mode_asked(spec)
     modes, evidence = {}, []
     for name, text in logs.items():
         found = [(i, l, m.group(1)) for i, l in enumerate(lines_of(text), 1)

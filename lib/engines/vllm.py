@@ -45,7 +45,8 @@ class VllmEngine(Engine):
             ep_num_comms=spec.ep_num_comms, transport=spec.transport, nccl_site=spec.nccl_site,
             extra_env=dict(spec.extra_env) or None, python=spec.python,
             plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH,
-            expert_parallel=spec.expert_parallel)
+            expert_parallel=spec.expert_parallel,
+            deepep_v2_mode=spec.deepep_v2_mode or "hybrid")
         if spec.revision:
             # vllm_serve takes no revision: --revision and --tokenizer-revision, both pinned
             argv += ["--revision", spec.revision, "--tokenizer-revision", spec.revision]

@@ -191,7 +191,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 ep_num_comms: int = 1,
                 expert_parallel: bool = True, gate_prefix: str = "",
                 log_name: str = LOG_NAME,
-                deepep_dir: str | Path | None = None) -> Iterator[VllmServer]:
+                deepep_dir: str | Path | None = None,
+                deepep_v2_mode: str = "hybrid") -> Iterator[VllmServer]:
     """Serve model_dir with vLLM on this machine's `gpus` GPUs (2 or more) for the duration of
     the block, waiting up to `timeout_s` for it to be ready (the stage's server_timeout_s).
 
@@ -216,7 +217,8 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                            ep_num_comms=ep_num_comms, transport=TRANSPORT, nccl_site=nccl_site,
                            python=python or PYTHON,
                            expert_parallel=expert_parallel, deepep_dir=deepep_dir,
-                           inherited_pythonpath=os.environ.get("PYTHONPATH"))
+                           inherited_pythonpath=os.environ.get("PYTHONPATH"),
+                           deepep_v2_mode=deepep_v2_mode)
     log_path = stage.path(log_name)
     server = VllmServer(str(model_dir), port, log_path, device="cuda", backend=backend,
                         gpus=gpus, argv=argv, env=env)

@@ -92,6 +92,7 @@ class PlaceSpec:
     model_revision: str | None = None  # '' the Hub's current one
     model_cache_dir: str | None = None  # '' none
     model_layers: int | None = None  # the seeded model's decoder layers
+    deepep_v2_mode: str | None = None  # hybrid or direct (backend deepep_v2)
 
     @property
     def leaderworkerset(self) -> bool:

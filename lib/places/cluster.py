@@ -59,13 +59,14 @@ def gate_adder(stage, server, gate_prefix: str) -> Callable[[Gate | dict | None]
 def serve_gates(engine: str, leader: str, logs: dict[str, str], *, backend: str, nodes: int,
                 gpus_per_node: int, num_experts: int | None, enforce_eager: bool,
                 api_servers: int, log_name: str, evidence: list[str],
-                transport: str = "efa") -> list[dict] | None:
+                transport: str = "efa", deepep_v2_mode: str | None = None) -> list[dict] | None:
     """What the serve's logs prove (every pod's, every node's step's), as the engine reads them
     (lib.engines.base: the leader's log for what rank 0 alone logs, every log for every rank's
     NCCL init and EFA provider, and the settings the serve's `transport` contract has every
     rank read); None when the engine's logs prove no backend."""
     spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend,
-                      enforce_eager=enforce_eager, num_experts=num_experts, transport=transport)
+                      enforce_eager=enforce_eager, num_experts=num_experts, transport=transport,
+                      deepep_v2_mode=deepep_v2_mode)
     return catalog.engine(engine).log_gates(leader, logs, spec, log_name=log_name,
                                             evidence=evidence, api_servers=api_servers)
 

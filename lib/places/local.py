@@ -191,6 +191,7 @@ class LocalPlace(Place):
                 nccl_site=self.nccl_site(), deepep_dir=self.deepep_dir(),
                 expert_parallel=spec.expert_parallel, timeout_s=spec.timeout_s,
                 ep_num_comms=spec.num_comms,
+                deepep_v2_mode=self.spec.deepep_v2_mode or "hybrid",
                 gate_prefix=spec.gate_prefix,
                 **({"log_name": spec.log_name} if spec.log_name else {})) as server:
             yield server

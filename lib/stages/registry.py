@@ -26,7 +26,7 @@ from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLUR
 from lib.engines import catalog
 from lib.engines import megatron
 from lib.engines import transport as transport_mod
-from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
+from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, DEEPEP_V2_MODES, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib import places
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
@@ -242,6 +242,11 @@ _PARAMS = [
           "how long to wait for the server to be ready"),
     Param("model_layers", Integer(1, MAX_LAYERS), {"*": 2},
           "decoder layers of the seeded model (both engines; the per-layer shape is the engine's)"),
+    Param("deepep_v2_mode", OneOf(DEEPEP_V2_MODES), {"*": "hybrid"},
+          "DeepEP-V2's mode with all2all_backend deepep_v2: hybrid (scale-out and scale-up "
+          "ranks in two stages, as the published runs set it) or direct; set explicitly, since "
+          "the same argv selects different kernels across vLLM releases (vLLM #54281, #57991): "
+          "vLLM reads VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE (1 or 0), SGLang --deepep-v2-mode"),
     Param("all2all_backend", OneOf(ALL2ALL_BACKENDS),
           {"local": "allgather_reducescatter", "*": "deepep_v2"},
           "vLLM's --all2all-backend (engine vllm; deepep_* needs DeepEP built here)"),
@@ -325,7 +330,7 @@ PLACE = ("plan_for", "instance_type", "efa_per_node", "image", "venv", "partitio
          "slurm_mpi", "time_limit_min", "schedule_timeout_s", "job_timeout_s", "keep")
 SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_site",
          "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret",
-         "kube_workload", "enforce_eager", "num_comms")
+         "kube_workload", "enforce_eager", "num_comms", "deepep_v2_mode")
 TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests",
            "warmup_full_batch", "input_tokens", "output_tokens")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",

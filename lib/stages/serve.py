@@ -22,6 +22,7 @@ from lib import places
 from lib.core.evidence import skip
 from lib.core.stage import Stage
 from lib.engines import catalog, server as serve
+from lib.engines.vllm_args import HYBRID_MODE_VAR
 from lib.places import ServeSpec, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -90,6 +91,8 @@ def run_expert_parallel(stage: Stage, place, model: dict[str, Any], data: dict[s
     every node, the backend asked for (argv and env from the engine, lib.engines.base)."""
     backend = stage["all2all_backend"]
     title = catalog.engine(engine).title
+    if backend == "deepep_v2":  # set explicitly: its default moved across releases
+        data["deepep_v2_mode"] = stage["deepep_v2_mode"]
     try:
         gpus = place.gpus()
         data.update(gpus=gpus * stage["nodes"], backend=backend)  # DP = EP over every node
@@ -111,8 +114,20 @@ def run_expert_parallel(stage: Stage, place, model: dict[str, Any], data: dict[s
         data["skipped"] = str(why)
         return data
     stage.write_json(f"{engine}_serve.json", {k: data.get(k) for k in (
-        "gpus", "backend", "argv", "env", "ready_s", "startup_s", "backend_gates")})
+        "gpus", "backend", "deepep_v2_mode", "argv", "env", "ready_s", "startup_s",
+        "backend_gates")})
     return data
+
+
+def mode_given(data: dict[str, Any]) -> str:
+    """The DeepEP-V2 mode the serve asked, as each rank was given it: vLLM's variable in the
+    serve's env, SGLang's flag in its argv."""
+    env, argv = data.get("env") or {}, data.get("argv") or []
+    if HYBRID_MODE_VAR in env:
+        return f"{data['deepep_v2_mode']} ({HYBRID_MODE_VAR}={env[HYBRID_MODE_VAR]})"
+    if "--deepep-v2-mode" in argv[:-1]:
+        return f"{data['deepep_v2_mode']} (--deepep-v2-mode {argv[argv.index('--deepep-v2-mode') + 1]})"
+    return str(data["deepep_v2_mode"])
 
 
 def facts(data: dict[str, Any]) -> "pd.DataFrame":
@@ -132,6 +147,8 @@ def facts(data: dict[str, Any]) -> "pd.DataFrame":
         ("server ready after (s)", data.get("ready_s")),
         *([("GPUs (DP = EP size)", data.get("gpus")),
            ("all-to-all backend asked", data.get("backend")),
+           *([("DeepEP-V2 mode given to every rank", mode_given(data))]
+             if data.get("deepep_v2_mode") else []),
            (("vLLM log: first line to last API server up (s)" if data.get("engine") == "vllm"
              else "log: first line to the last start-up line (s)"), data.get("startup_s")),
            ("backend gates", "; ".join(data.get("backend_gates") or []))]

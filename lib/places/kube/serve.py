@@ -91,7 +91,7 @@ def serve(place, spec: ServeSpec) -> Iterator[KubeServer]:
         model_revision=place.spec.model_revision, backend=spec.backend,
         ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
         hf_token_secret=place.spec.hf_token_secret or None, engine=spec.engine,
-        transport=place.transport_of(spec))
+        transport=place.transport_of(spec), deepep_v2_mode=place.spec.deepep_v2_mode or "hybrid")
     gpus = int(place.spec.gpus_per_node)
     server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                         stage.path("pods", f"{name}-0.log"), device="cuda", place=place,
@@ -169,7 +169,7 @@ def gate_serve(place, server: KubeServer, spec: ServeSpec, add, lws: bool) -> No
             nodes=spec.nodes, gpus_per_node=gpus,
             num_experts=spec.model.get("num_experts"), enforce_eager=spec.enforce_eager,
             api_servers=gpus, log_name=evidence[0], evidence=evidence,
-            transport=place.transport_of(spec))
+            transport=place.transport_of(spec), deepep_v2_mode=place.spec.deepep_v2_mode)
         for g in (server.backend_gates or []) + settings_gates(
                 spec.engine, logs, backend=spec.backend, nodes=spec.nodes,
                 gpus_per_node=gpus, evidence=evidence):

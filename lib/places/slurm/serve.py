@@ -316,7 +316,7 @@ class SlurmServing:
             expert_parallel=spec.expert_parallel, ep_num_comms=spec.num_comms,
             port=server.port, rendezvous=server.host, revision=place.spec.model_revision or None,
             transport=place.transport_of(spec), python=python, num_experts=spec.model.get("num_experts"),
-            nccl_site=place.nccl_site(), **role)
+            nccl_site=place.nccl_site(), deepep_v2_mode=place.spec.deepep_v2_mode, **role)
 
     def _world_step(self, spec: ServeSpec, server: SlurmServer, python: str,
                     gpus: int) -> list[tuple]:
@@ -367,7 +367,8 @@ class SlurmServing:
             spec.engine, leader, logs, backend=spec.backend, nodes=len(server.nodes),
             gpus_per_node=gpus_per_node, num_experts=spec.model.get("num_experts"),
             enforce_eager=spec.enforce_eager, api_servers=gpus_per_node, log_name=evidence[0],
-            evidence=evidence, transport=place.transport_of(spec))
+            evidence=evidence, transport=place.transport_of(spec),
+            deepep_v2_mode=place.spec.deepep_v2_mode)
         for g in (server.backend_gates or []) + settings_gates(
                 spec.engine, logs, backend=spec.backend, nodes=len(server.nodes),
                 gpus_per_node=gpus_per_node, evidence=evidence):

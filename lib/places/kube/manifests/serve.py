@@ -129,7 +129,7 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
                     enforce_eager: bool, max_model_len: int | None,
                     gpu_memory_utilization: float | None, ep_num_comms: int, plugin_path: str,
                     num_experts: int | None, python: str | None,
-                    transport: str = "efa") -> EngineCommands:
+                    transport: str = "efa", deepep_v2_mode: str = "hybrid") -> EngineCommands:
     """What the engine the stage names runs on each node (lib.engines.base's protocol: 0 the
     leader, k > 0 a worker starting at rank k x gpus), the environment every node shares, and
     the regex of its serving process. The package names no engine flag: the engine does."""
@@ -144,7 +144,8 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
             enforce_eager=enforce_eager, ep_num_comms=ep_num_comms, port=port,
             rendezvous=address, rpc_port=rpc_port, revision=model_revision, transport=transport,
             python=python, plugin_path=plugin_path, num_experts=num_experts,
-            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            deepep_v2_mode=deepep_v2_mode)
         argv, env = serving.command(spec)
         argvs[ordinal] = tuple(argv)
         envs.append(dict(env))
@@ -174,7 +175,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
                  memory: str | None = None, tolerations: Sequence[Mapping[str, Any]] | None = None,
                  plugin_path: str = DEFAULT_PLUGIN_PATH, rpc_port: int = DP_RPC_PORT,
                  port: int = HTTP_PORT, engine: str = "vllm",
-                 transport: str = "efa") -> ServeRender:
+                 transport: str = "efa", deepep_v2_mode: str = "hybrid") -> ServeRender:
     """Every value of a serve rendering (as vllm_objects lists them), with each node's argv and
     env (engine_commands): the stage's, as its model accepted them (lib.stages.registry: the
     EP divisibility of the model over nodes x GPUs, GPUs per node >= 1 on the kube place,
@@ -191,7 +192,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
         enforce_eager=enforce_eager, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, ep_num_comms=ep_num_comms,
         plugin_path=plugin_path, num_experts=routed_experts(model), python=python,
-        transport=transport)
+        transport=transport, deepep_v2_mode=deepep_v2_mode)
     env = dict(commands.env)
     env["HF_HOME"] = MODEL_CACHE_PATH
     cpu, memory = _cpu_memory(instance_type, cpu, memory)

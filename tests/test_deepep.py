@@ -359,8 +359,7 @@ def test_test_ep_env_intranode_exact():
         "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
         "EP_NCCL_ROOT_DIR": "/w/site/nvidia/nccl", "NCCL_DIR": "/w/site/nvidia/nccl",
         "EP_DISABLE_GIN": "1", "LD_PRELOAD": "/w/site/nvidia/nccl/lib/libnccl.so.2",
-        "EP_REUSE_NCCL_COMM": "0", "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE": "1",
-        "NCCL_NVLS_ENABLE": "0"}
+        "EP_REUSE_NCCL_COMM": "0", "NCCL_NVLS_ENABLE": "0"}
     assert not set(env) & set(unset_vars("intranode_nvlink"))
 
 

@@ -55,7 +55,6 @@ def test_intranode_contract_exact_and_preload_from_site():
         "EP_DISABLE_GIN": "1",
         "LD_PRELOAD": f"{SITE}/nvidia/nccl/lib/libnccl.so.2",
         "EP_REUSE_NCCL_COMM": "0",
-        "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE": "1",
         "NCCL_NVLS_ENABLE": "0",
     }
     assert nccl_preload("/x/site-packages/") == "/x/site-packages/nvidia/nccl/lib/libnccl.so.2"
@@ -82,7 +81,7 @@ def test_efa_and_intranode_differ_exactly_where_they_should():
     assert shared == {"LD_PRELOAD", "EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
     # GIN on over the plugin vs GIN off.
     assert set(efa) - set(intra) == set(EFA_EXACT) - {"EP_REUSE_NCCL_COMM", "NCCL_NVLS_ENABLE"}
-    assert set(intra) - set(efa) == {"EP_DISABLE_GIN", "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE"}
+    assert set(intra) - set(efa) == {"EP_DISABLE_GIN"}
     # Nothing set in both with different values.
     assert all(efa[k] == intra[k] for k in set(efa) & set(intra))
 

@@ -89,6 +89,12 @@ def test_the_deepep_v2_mode_is_always_set_through_vllm_s_variable():
     _, other = vllm_serve("leader", **{**CLUSTER, "backend": "allgather_reducescatter"},
                           deepep_v2_mode="direct")
     assert HYBRID_MODE_VAR not in other  # no DeepEP-V2, no mode
+    # on one machine too: the transport contract sets no vLLM variable of its own
+    _, one = vllm_serve("local", **{**CLUSTER, "backend": "deepep_v2", "dp_address": None,
+                                    "dp_rpc_port": None, "dp_size_local": 16,
+                                    "transport": "intranode_nvlink"},
+                        nccl_site="/w/site", deepep_v2_mode="direct")
+    assert one[HYBRID_MODE_VAR] == "0"
 
 
 def test_extra_env_is_set_over_the_contract():

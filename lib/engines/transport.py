@@ -211,9 +211,8 @@ INTRANODE_NVLINK: tuple[EnvVar, ...] = (
     EnvVar("EP_REUSE_NCCL_COMM", "0",
            "as on EFA: DeepEP builds its own communicator (measured this way on two H200s)",
            "ANCHORS 4 (the review); TOOLCHAIN 'vLLM 0.24.0 with --all2all-backend deepep_v2'"),
-    EnvVar("VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE", "1",
-           "vLLM's deepep_v2 manager in hybrid mode, as measured serving on two H200s",
-           "TOOLCHAIN 'vLLM 0.24.0 with --all2all-backend deepep_v2'; ANCHORS 1.4 (R's serve)"),
+    # (VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE is vLLM's, not the transport's: the `deepep_v2_mode`
+    # parameter sets it on every transport, lib.engines.vllm_args.vllm_env)
     EnvVar("NCCL_NVLS_ENABLE", "0",
            "NVLink multicast must stay off on the project's machines",
            "TOOLCHAIN 'The H200 GPU machines'"),

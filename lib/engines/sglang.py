@@ -68,6 +68,7 @@ _BUFFER_RE = re.compile(r"Initialized DeepEP v2 ElasticBuffer: world_size=(\d+) 
                         r"num_topk=(\d+) max_dispatch_tokens_per_rank=(\d+) "
                         r"use_fp8_dispatch=(\w+) allow_hybrid_mode=(\w+)")
 # moe_hook.py:232-242, once per node (the launcher's argument resolution)
+MODE_FLAG = "--deepep-v2-mode"  # SGLang 0.5.19's flag for DeepEP v2's mode
 _MODE_RE = re.compile(r"DeepEP v2 MoE is using deepep_v2_mode=(\w+)\.")
 # engine.py:1098, once per node: the resolved arguments as a Python dict
 _ARGS_RE = re.compile(r"server_args=\{.*?'moe_a2a_backend': '(\w+)'")
@@ -124,7 +125,7 @@ def sglang_argv(spec: EngineSpec) -> list[str]:
     argv += ["--tp-size", str(dp), "--dp-size", str(dp), "--enable-dp-attention",
              "--ep-size", str(dp), "--moe-a2a-backend", a2a]
     if a2a == "deepep_v2":
-        argv += ["--deepep-v2-mode", mode_asked(spec),
+        argv += [MODE_FLAG, mode_asked(spec),
                  "--moe-runner-backend", "deep_gemm"]
     argv += ["--chunked-prefill-size", str(DISPATCH_TOKENS_PER_RANK * dp)]
     if spec.nodes > 1:

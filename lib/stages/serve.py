@@ -22,7 +22,6 @@ from lib import places
 from lib.core.evidence import skip
 from lib.core.stage import Stage
 from lib.engines import catalog, server as serve
-from lib.engines.vllm_args import HYBRID_MODE_VAR
 from lib.places import ServeSpec, Unsupported
 from lib.stages.refusal import refusals_fail, shows_refusal
 
@@ -120,14 +119,10 @@ def run_expert_parallel(stage: Stage, place, model: dict[str, Any], data: dict[s
 
 
 def mode_given(data: dict[str, Any]) -> str:
-    """The DeepEP-V2 mode the serve asked, as each rank was given it: vLLM's variable in the
-    serve's env, SGLang's flag in its argv."""
-    env, argv = data.get("env") or {}, data.get("argv") or []
-    if HYBRID_MODE_VAR in env:
-        return f"{data['deepep_v2_mode']} ({HYBRID_MODE_VAR}={env[HYBRID_MODE_VAR]})"
-    if "--deepep-v2-mode" in argv[:-1]:
-        return f"{data['deepep_v2_mode']} (--deepep-v2-mode {argv[argv.index('--deepep-v2-mode') + 1]})"
-    return str(data["deepep_v2_mode"])
+    """The DeepEP-V2 mode the serve asked, with how each rank was given it (the engine's
+    variable or flag, from the serve's recorded env and argv)."""
+    given = catalog.deepep_v2_mode_given(data.get("argv") or [], data.get("env") or {})
+    return f"{data['deepep_v2_mode']}" + (f" ({given})" if given else "")
 
 
 def facts(data: dict[str, Any]) -> "pd.DataFrame":

@@ -64,11 +64,24 @@ def tracked_runs(kind: str) -> list[str]:
     return sorted(p.split("/")[1] for p in listed if pattern.fullmatch(p.split("/")[1]))
 
 
+def removed_ids() -> set[str]:
+    """The runs results/REMOVED names: taken out of the tree, still theirs in git's history."""
+    if not REMOVED.exists():
+        return set()
+    return {line.split()[0] for line in REMOVED.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
 def new_id(kind: str) -> str:
+    """Today's first id of `kind` that no run holds, in the tree or in results/REMOVED (an id
+    names one run for good: a removed run's id given again would make the history's
+    replacement chain a loop and its commit ambiguous)."""
     day = datetime.now(timezone.utc).strftime("%Y%m%d")
+    taken = removed_ids()
     for letter in ["", *"bcdefghijklmnopqrstuvwxyz"]:
-        if not (RESULTS / f"{kind}-{day}{letter}").exists():
-            return f"{kind}-{day}{letter}"
+        candidate = f"{kind}-{day}{letter}"
+        if not (RESULTS / candidate).exists() and candidate not in taken:
+            return candidate
     raise SystemExit(f"{kind}: 26 runs today already")
 
 

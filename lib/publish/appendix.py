@@ -88,8 +88,10 @@ def removed_section(removed: list) -> str:
     later = {r.run_id: r.replaced_by for r in removed}
 
     def current(run_id: str) -> str:  # a replacement itself re-recorded since: the latest
-        while run_id in later:
+        seen = {run_id}
+        while run_id in later and later[run_id] not in seen:  # an id given twice: no loop
             run_id = later[run_id]
+            seen.add(run_id)
         return run_id
 
     table = pd.DataFrame([{"run": f"`{r.run_id}`", "kept in git at": f"`{r.commit[:12]}`",

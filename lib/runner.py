@@ -11,7 +11,7 @@ goes on with the others, and the exit code is 1. A notebook that raises stops th
 Interrupted (SIGINT, what Ctrl-C sends to the group; SIGTERM; SIGHUP) while a stage runs, the
 runner stops it, by PID and process group, and exits 128 + the signal (130, 143, 129):
 
-1. the stage's kernel (the ledger's owner, lib.core.reaper) gets SIGTERM: its running cell
+1. the stage's kernel (the ledger's owner, lib.core.processes) gets SIGTERM: its running cell
    raises StageInterrupted, so the stage stops its own servers and AIPerf through the door,
    recorded, and papermill writes the notebook and ends (up to KERNEL_GRACE_S);
 2. then papermill's session and the kernel's, should they still run (TERM, then KILL);
@@ -30,15 +30,10 @@ unfinished stage is kept as an attempt (`NN_stage.attempt-K/`, lib.core.stage
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
@@ -46,8 +41,9 @@ import nbformat
 from lib import places
 from lib.stages import profile
 from lib.core import evidence
-from lib.core import reaper
 from lib.core.door import REPO_ROOT, attempt_of, read_transcript, redact_file
+from lib.core.processes import (Attempt, Interrupted, Ledger, Signals, found_in_ledger, say,
+                                 settle_leftovers, start_attempt)
 from lib.core.errors import EvidenceError, ParameterError
 from lib.core.stage import (INCOMPLETE_NAME, REFUSED_GATE, new_run_id, retire_attempt, unfinished_attempt,
                             unfinished_writes)
@@ -57,32 +53,6 @@ from lib.stages.registry import STAGES, check_run_request
 NOTEBOOKS = REPO_ROOT / "notebooks"
 RESULTS = REPO_ROOT / "results"
 NOTEBOOK_TIMEOUT_S = 1800
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# How long a stage's kernel has to stop what it started, once asked (its servers: SIGTERM, up
-# to the door's 10 s, SIGKILL, up to 30 s), before it is killed; papermill then ends by itself.
-KERNEL_GRACE_S = 60.0
-PAPERMILL_GRACE_S = 5.0
-# A papermill killed under its kernel: ipykernel's parent poller ends the kernel within ~1 s
-ORPHAN_KERNEL_S = 10.0
-# A reaper's stop of what its kernel left: SIGTERM, its grace, SIGKILL, the exits
-REAPER_WAIT_S = reaper.TERM_GRACE_S + reaper.KILLED_EXIT_S + 5.0
-
-
-try:  # Linux's prctl, for papermill's PR_SET_PDEATHSIG (loaded here: never after a fork)
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-except OSError:
-    _LIBC = None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_the_runner() -> None:
-    """In papermill's process, before it runs: SIGTERM when the runner dies, by SIGKILL too
-    (which the runner cannot handle), so papermill never outlives it; its kernel then ends
-    (ipykernel's parent poller) and the kernel's reaper stops what the stage started."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def papermill_argv(stage: str, run_dir: Path, params: dict[str, str]) -> list[str]:
     # Both paths always: with stdin a pipe, a single path is taken as the OUTPUT (TOOLCHAIN.md).
     argv = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{stage}.ipynb"),
@@ -140,68 +110,6 @@ def results_root(extra: dict[str, str]) -> Path:
     return (root if root.is_absolute() else REPO_ROOT / root).resolve()
 
 
-def say(text: str) -> None:
-    """A progress line; a terminal that went away (SIGHUP) does not stop a stop."""
-    try:
-        print(text, flush=True)
-    except OSError:
-        pass
-
-
-class Interrupted(BaseException):
-    """The runner received SIGINT, SIGTERM or SIGHUP."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-class Signals:
-    """SIGINT, SIGTERM and SIGHUP while the stages run. The first one raises Interrupted at once
-    only while the runner waits for papermill; anywhere else (moving an attempt, sealing,
-    stopping) it is raised at the next `check`, so no such step is cut short. A later one (a
-    second Ctrl-C while stopping) is noted, never raised. The handlers are restored on exit
-    (the runner may run inside pytest); outside the main thread, signals are left alone."""
-
-    def __init__(self):
-        self.got: list[int] = []
-        self.raised = False
-        self._waiting = False
-        self._saved: dict = {}
-
-    def __enter__(self) -> "Signals":
-        if threading.current_thread() is threading.main_thread():
-            self._saved = {sig: signal.signal(sig, self._handler) for sig in INTERRUPTS}
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        for sig, old in self._saved.items():
-            signal.signal(sig, old)
-        return False
-
-    def _handler(self, signum, _frame) -> None:
-        self.got.append(signum)
-        if len(self.got) > 1:
-            say(f"{signal.Signals(signum).name} again: still stopping what the stage started")
-        elif self._waiting:
-            self.raised = True
-            raise Interrupted(signum)
-
-    def check(self) -> None:
-        if self.got and not self.raised:
-            self.raised = True
-            raise Interrupted(self.got[0])
-
-    def wait(self, proc: subprocess.Popen) -> int:
-        """proc.wait(), interruptible."""
-        self._waiting = True
-        try:
-            self.check()
-            return proc.wait()
-        finally:
-            self._waiting = False
-
-
 def resume_refused(run_dir: Path) -> str | None:
     """Why an existing run cannot be resumed now, or None. Its files must be as sealed (an
     unsealed run, whose runner was killed, is taken as it is), and no stage of it may still
@@ -211,7 +119,7 @@ def resume_refused(run_dir: Path) -> str | None:
         if changed:
             return (f"its files changed since the run was sealed ({', '.join(changed[:3])}"
                     f"{', ...' if len(changed) > 3 else ''}): resume refused; start a new run")
-    ledger = reaper.Ledger(run_dir)
+    ledger = Ledger(run_dir)
     running = [o for o in ledger.owners() if o["pid"] != os.getpid()]
     if running:
         named = ", ".join(f"the runner (pid {o['pid']})" if o["stage"] == "_runner" else
@@ -221,194 +129,27 @@ def resume_refused(run_dir: Path) -> str | None:
     return None
 
 
-def settle_leftovers(run_dir: Path) -> list[dict]:
-    """Groups of the run's ledger still open whose owner is gone (its reaper died too, or the
-    runner was killed before it could stop them): stopped now."""
-    ledger = reaper.Ledger(run_dir)
-    alive = {(o["pid"], o.get("start")) for o in ledger.owners()}
-    left = [g for g in ledger.open_groups() if (g.get("owner"), g.get("owner_start")) not in alive]
-    if not left:
-        return []
-    say(f"stopping {len(left)} process group(s) an earlier attempt left running: "
-        + ", ".join(f"{g['argv0']} (pgid {g['pgid']}, {g['stage']})" for g in left))
-    return reaper.stop_groups(ledger, left, by="runner")
-
-
-class Attempt:
-    """The stage papermill is running now, and what stops it."""
-
-    def __init__(self, run_dir: Path, stage: str, proc: subprocess.Popen):
-        self.run_dir, self.stage, self.proc = run_dir, stage, proc
-        self.since = time.time()
-        self.number = attempt_of(read_transcript(run_dir / "transcript.jsonl"), stage)
-        self.ledger = reaper.Ledger(run_dir)
-
-    def kernels(self, alive_only: bool = True) -> list[dict]:
-        """This attempt's kernel(s): the ledger's owners of the stage, and papermill's children
-        (a kernel stopped before its stage opened is in no ledger)."""
-        found = [o for o in self.ledger.owners(self.stage, alive_only=alive_only)
-                 if o["t"] >= self.since - 1]
-        known = {o["pid"] for o in found}
-        for pid in children(self.proc.pid):
-            if pid not in known:
-                found.append({"pid": pid, "start": reaper.start_ticks(pid), "stage": self.stage})
-        return found
-
-    def stop(self, ask_kernel: bool) -> dict:
-        """Stop the stage: its kernel asked first (when `ask_kernel`), then killed; papermill;
-        then what is left. A kernel not asked (its papermill was killed) ends by itself, and its
-        reaper stops what it started."""
-        kernels = self.kernels()
-        asked = []
-        for k in kernels:
-            if ask_kernel and reaper.is_alive(k["pid"], k.get("start")):
-                try:
-                    os.kill(k["pid"], signal.SIGTERM)
-                    asked.append(k["pid"])
-                except ProcessLookupError:
-                    pass
-        if asked:
-            say(f"[{self.stage}] asked its kernel (pid {', '.join(map(str, asked))}) to stop "
-                f"what it started; waiting up to {KERNEL_GRACE_S:.0f} s")
-        wait_for(lambda: self.proc.poll() is not None, KERNEL_GRACE_S if asked else 0)
-        pm_signals = reaper.stop_pid_group(self.proc.pid, reaper.start_ticks(self.proc.pid),
-                                           grace_s=PAPERMILL_GRACE_S) \
-            if self.proc.poll() is None else []
-        self.proc.wait()
-        # a kernel whose papermill is gone ends by itself (ipykernel's parent poller): else now
-        wait_for(lambda: not any(reaper.is_alive(k["pid"], k.get("start")) for k in kernels),
-                 ORPHAN_KERNEL_S)
-        kernel_signals = {k["pid"]: reaper.stop_pid_group(k["pid"], k.get("start"),
-                                                          grace_s=PAPERMILL_GRACE_S)
-                          for k in kernels}
-        # a kernel that died without its exit hook: its reaper stops what it left; the runner
-        # stops only what is left after (a reaper killed too, a group it could not stop)
-        owners = {(k["pid"], k.get("start")) for k in self.kernels(alive_only=False)}
-        reapers = [e for e in self.ledger.events() if e["event"] == "reaper"
-                   and (e.get("owner"), e.get("owner_start")) in owners]
-        if any(reaper.is_alive(r["pid"], r.get("start")) for r in reapers):
-            say(f"[{self.stage}] its kernel is gone; its reaper is stopping what it left")
-        wait_for(lambda: not any(reaper.is_alive(r["pid"], r.get("start")) for r in reapers),
-                 REAPER_WAIT_S)
-        left = [g for g in self.ledger.open_groups(stage=self.stage) if g["t"] >= self.since - 1]
-        stopped = reaper.stop_groups(self.ledger, left, by="runner") if left else []
-        return {"asked_kernel": asked, "papermill_signals": pm_signals,
-                "kernel_signals": {str(k): v for k, v in kernel_signals.items() if v},
-                "stopped_now": stopped}
-
-    def incomplete(self, how: str, signum: int | None, stop: dict) -> dict:
-        """What incomplete.json says: when, how, by which signal; each process group the
-        attempt's doors started and how it ended (its stage's own stop through the door, the
-        reaper, the runner), with what was left of it; its ports, each checked closed."""
-        events = [e for e in self.ledger.events() if e.get("t", 0) >= self.since - 1
-                  and e.get("stage") == self.stage]
-        groups = []
-        for e in (e for e in events if e["event"] == "started"):
-            key = (e["pgid"], e.get("start"))
-            ended = [x for x in self.ledger.events() if (x.get("pgid"), x.get("start")) == key
-                     and x["event"] in ("ended", "stopped")]
-            stopped = [x for x in ended if x["event"] == "stopped"]
-            groups.append({
-                "pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
-                "ended": (f"stopped by the {stopped[0]['by']}" if stopped else
-                          "ended through its stage (the door)" if ended else "not seen to end"),
-                "signals": [sig for x in stopped for sig in x.get("signals") or []],
-                "left": reaper.group_alive(e["pgid"]) if still_ours(e) else []})
-        ports = sorted({e["port"] for e in events if e["event"] == "port"})
-        notebook = self.run_dir / "notebooks" / f"{self.stage}.ipynb"
-        try:
-            json.loads(notebook.read_text(encoding="utf-8"))
-            notebook_ok = True
-        except (OSError, ValueError):
-            notebook_ok = False
-        return {
-            "stage": self.stage, "attempt": self.number,
-            "stopped_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "how": how, "signal": signal.Signals(signum).name if signum else None,
-            "papermill": {"exit_code": self.proc.returncode,
-                          "signals": stop.get("papermill_signals", [])},
-            "kernel": {"asked_to_stop": bool(stop.get("asked_kernel")),
-                       "signals": sorted({s for v in stop.get("kernel_signals", {}).values()
-                                          for s in v})},
-            "process_groups": groups,
-            "left_running": sorted({p for g in groups for p in g["left"]}),
-            "ports": [{"port": p, "listening": reaper.port_open(p)} for p in ports],
-            "notebook": {"path": f"notebooks/{self.stage}.ipynb", "exists": notebook.exists(),
-                         "valid_json": notebook_ok},
-        }
-
-    def settle(self, how: str, signum: int | None, ask_kernel: bool) -> dict:
-        """Stop what is left, then write NN_stage/incomplete.json (evidence, under the seal)."""
-        stop = self.stop(ask_kernel)
-        record = self.incomplete(how, signum, stop)
-        removed = [str(p.relative_to(self.run_dir)) for p in unfinished_writes(self.run_dir)]
-        for rel in removed:  # a killed writer's temporary file: never evidence
-            (self.run_dir / rel).unlink(missing_ok=True)
-        record["removed_unfinished_writes"] = removed
-        if (self.run_dir / self.stage / "gates.json").exists():
-            return record  # its gates were written before it stopped: the stage is complete
-        try:
-            evidence.write_json_new(self.run_dir / self.stage / INCOMPLETE_NAME, record)
-        except EvidenceError:  # written already (a stage cannot write it: only the runner)
-            pass
-        bad_ports = [p["port"] for p in record["ports"] if p["listening"]]
-        say(f"[{self.stage}] stopped: {len(record['process_groups'])} process group(s) "
-            f"it started, {len(record['left_running'])} process(es) left, ports "
-            + (f"still listening: {bad_ports}" if bad_ports else "closed")
-            + f"; marked incomplete: {self.stage}/{INCOMPLETE_NAME}")
-        return record
-
-
-def still_ours(started: dict) -> bool:
-    return reaper.still_ours(started["pgid"], started.get("start"))
-
-
-def children(pid: int) -> list[int]:
-    """A process's children (papermill's: its kernel), read from /proc."""
-    found = []
+def settle(attempt: Attempt, how: str, signum: int | None, ask_kernel: bool) -> dict:
+    """Stop what is left of the attempt (lib.core.processes.Attempt.stop), then write
+    NN_stage/incomplete.json (evidence, under the seal)."""
+    stop = attempt.stop(ask_kernel)
+    record = attempt.incomplete(how, signum, stop)
+    removed = [str(p.relative_to(attempt.run_dir)) for p in unfinished_writes(attempt.run_dir)]
+    for rel in removed:  # a killed writer's temporary file: never evidence
+        (attempt.run_dir / rel).unlink(missing_ok=True)
+    record["removed_unfinished_writes"] = removed
+    if (attempt.run_dir / attempt.stage / "gates.json").exists():
+        return record  # its gates were written before it stopped: the stage is complete
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
-                found += [int(p) for p in fh.read().split()]
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def found_in_ledger(run_dir: Path, stage: str) -> dict:
-    """What the ledger says of a stage's last attempt that no runner saw end (for the
-    incomplete.json written when it is kept): its process groups, how each ended, its ports."""
-    ledger = reaper.Ledger(run_dir)
-    events = ledger.events()
-    opened = [e["t"] for e in events if e["event"] == "owner" and e.get("stage") == stage]
-    if not opened:
-        return {}
-    mine = [e for e in events if e.get("t", 0) >= opened[-1] and e.get("stage") == stage]
-    groups = []
-    for e in (e for e in mine if e["event"] == "started"):
-        ends = [x for x in events if (x.get("pgid"), x.get("start")) == (e["pgid"], e.get("start"))
-                and x["event"] in ("ended", "stopped")]
-        by = [x.get("by") for x in ends if x["event"] == "stopped"]
-        groups.append({"pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
-                       "ended": (f"stopped by the {by[0]}" if by else "ended through its "
-                                 "stage (the door)" if ends else "not seen to end"),
-                       "left": reaper.group_alive(e["pgid"]) if still_ours(e) else []})
-    ports = sorted({e["port"] for e in mine if e["event"] == "port"})
-    return {"process_groups": groups,
-            "ports": [{"port": p, "listening": reaper.port_open(p)} for p in ports]}
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
+        evidence.write_json_new(attempt.run_dir / attempt.stage / INCOMPLETE_NAME, record)
+    except EvidenceError:  # written already (a stage cannot write it: only the runner)
+        pass
+    bad_ports = [p["port"] for p in record["ports"] if p["listening"]]
+    say(f"[{attempt.stage}] stopped: {len(record['process_groups'])} process group(s) "
+        f"it started, {len(record['left_running'])} process(es) left, ports "
+        + (f"still listening: {bad_ports}" if bad_ports else "closed")
+        + f"; marked incomplete: {attempt.stage}/{INCOMPLETE_NAME}")
+    return record
 
 
 def run_guide(context: str, run_id: str | None, extra: dict[str, str],
@@ -423,7 +164,7 @@ def run_guide(context: str, run_id: str | None, extra: dict[str, str],
             return run_dir, 2
         settle_leftovers(run_dir)
     (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
-    reaper.Ledger(run_dir).owner("_runner")  # a second runner on this run refuses to resume it
+    Ledger(run_dir).owner("_runner")  # a second runner on this run refuses to resume it
     params = {"context": context, "run_id": run_id, **extra}
     print(f"run {run_id} · context {context} · evidence in {_shown(run_dir)}/", flush=True)
     now: list[Attempt] = []
@@ -452,7 +193,7 @@ def _interrupted(run_dir: Path, now: list, signum: int) -> int:
     say(f"{name}: stopping the run")
     if now:
         attempt = now[-1]
-        attempt.settle(f"the runner received {name}", signum, ask_kernel=True)
+        settle(attempt, f"the runner received {name}", signum, ask_kernel=True)
         redact_file(run_dir / "notebooks" / f"{attempt.stage}.papermill.log", run_dir=run_dir)
     settle_leftovers(run_dir)
     evidence.seal(run_dir)
@@ -470,7 +211,7 @@ def _stop_at_refusal(run_dir: Path, stage: str, gates: list[dict], now: list, lo
                      took: float) -> int:
     """The stage's cluster refused (its notebook raised after writing its gates): the run
     stops there, sealed, exit 1; nothing after it could reach the cluster either."""
-    now[-1].settle("the cluster refused", None, ask_kernel=False)
+    settle(now[-1], "the cluster refused", None, ask_kernel=False)
     now.clear()
     redact_file(log, run_dir=run_dir)
     settle_leftovers(run_dir)
@@ -518,11 +259,9 @@ def _run_stages(run_dir: Path, context: str, extra: dict[str, str], params: dict
         with open(log, "x", encoding="utf-8") as out:  # papermill's own chatter, kept whole
             # its own session: a terminal's Ctrl-C reaches the runner alone, which stops the
             # stage in order (its kernel sits in a session of its own too: jupyter_client)
-            proc = subprocess.Popen(papermill_argv(stage, run_dir, params), cwd=REPO_ROOT,
-                                    stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_the_runner)
-            now.append(Attempt(run_dir, stage, proc))
+            proc = start_attempt(papermill_argv(stage, run_dir, params), out)
+            now.append(Attempt(run_dir, stage, proc, attempt_of(
+                read_transcript(run_dir / "transcript.jsonl"), stage)))
             returncode = signals.wait(proc)
         gates = evidence.read_gates(run_dir / stage)
         took = time.monotonic() - started
@@ -533,7 +272,7 @@ def _run_stages(run_dir: Path, context: str, extra: dict[str, str], params: dict
             how = (f"papermill was killed by {signal.Signals(killed).name}" if killed else
                    f"the notebook ended without gates.json (papermill exit {returncode})")
             # its kernel first (a killed papermill's kernel may still write into the log)
-            now[-1].settle(how, killed, ask_kernel=False)
+            settle(now[-1], how, killed, ask_kernel=False)
             now.clear()
             redact_file(log, run_dir=run_dir)
             tail = "\n".join(log.read_text(encoding="utf-8").splitlines()[-25:])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lib.core import door as door_module
-from lib.core import reaper
+from lib.core import processes
 from lib.core.door import CommandError, Door, DoorError, ReplayMismatch, read_transcript
 
 TOKEN = "hf_plantedSECRET0123456789"
@@ -209,9 +209,9 @@ def test_stop_waits_for_a_child_that_outlives_the_leader(run_dir):
     door = Door(run_dir, "s")
     proc = _group_with_a_child(door, run_dir, "signal.signal(signal.SIGTERM, "
                                               "lambda *a: (time.sleep(1), sys.exit(0)))")
-    assert len(reaper.group_alive(proc.pid)) == 2
+    assert len(processes.group_alive(proc.pid)) == 2
     door.stop(proc, timeout=5)
-    assert reaper.group_alive(proc.pid) == []
+    assert processes.group_alive(proc.pid) == []
     assert _stop_record(run_dir)["killed"] is False
 
 
@@ -222,7 +222,7 @@ def test_stop_kills_a_child_that_ignores_sigterm(run_dir):
                                "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     door.stop(proc, timeout=1)
     assert door.poll(proc) is not None
-    assert reaper.group_alive(proc.pid) == []
+    assert processes.group_alive(proc.pid) == []
     assert _stop_record(run_dir)["killed"] is True
 
 

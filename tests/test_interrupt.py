@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
-from lib.core import reaper
+from lib.core import processes
 from lib.core.door import Door, read_transcript
 from lib.core.errors import EvidenceError
 from lib.core.stage import retire_attempt
-from lib.runner import children
+from lib.core.processes import children
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = "00_cluster,04_serve,05_sweep"
@@ -66,7 +66,7 @@ def start_runner(results: Path, log: Path, run_id: str = RUN_ID) -> subprocess.P
 
 
 def ledger_events(run: Path) -> list[dict]:
-    return reaper.Ledger(run).events()
+    return processes.Ledger(run).events()
 
 
 def wait_for_aiperf(run: Path, runner: subprocess.Popen, log: Path, since: float) -> dict:
@@ -78,7 +78,7 @@ def wait_for_aiperf(run: Path, runner: subprocess.Popen, log: Path, since: float
         for e in ledger_events(run):
             if (e["event"] == "started" and e.get("stage") == "05_sweep" and e["t"] >= since
                     and e.get("argv0") == "timeout"
-                    and len(reaper.group_alive(e["pgid"])) >= 2):
+                    and len(processes.group_alive(e["pgid"])) >= 2):
                 return e
         time.sleep(0.5)
     raise AssertionError(f"no AIPerf cell ran within {WAIT_FOR_CELL_S} s:\n"
@@ -102,10 +102,10 @@ def alive_of_run(run: Path) -> list[str]:
     alive = []
     for e in ledger_events(run):
         pid = e.get("pgid") if e["event"] == "started" else e.get("pid")
-        if e["event"] in ("owner", "reaper", "started") and reaper.is_alive(pid, e.get("start")):
+        if e["event"] in ("owner", "reaper", "started") and processes.is_alive(pid, e.get("start")):
             alive.append(f"{pid} {e['event']} {e.get('argv0', e.get('stage', ''))}")
-        if e["event"] == "started" and reaper.group_alive(e["pgid"]):
-            alive.append(f"group {e['pgid']} ({e['argv0']}): {reaper.group_alive(e['pgid'])}")
+        if e["event"] == "started" and processes.group_alive(e["pgid"]):
+            alive.append(f"group {e['pgid']} ({e['argv0']}): {processes.group_alive(e['pgid'])}")
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -113,7 +113,7 @@ def alive_of_run(run: Path) -> list[str]:
             cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if str(run).encode() in cmdline and reaper.start_ticks(int(entry.name)) is not None:
+        if str(run).encode() in cmdline and processes.start_ticks(int(entry.name)) is not None:
             alive.append(f"{entry.name}: {cmdline[:160].decode(errors='replace')}")
     return alive
 
@@ -221,7 +221,7 @@ def test_sigint_mid_sweep_stops_every_process_the_guide_started(interrupted):
     # none of them, no member of their groups, nothing naming the run is alive
     assert interrupted["alive"] == []
     for pid in seen:
-        assert not reaper.group_alive(pid), (pid, seen[pid])
+        assert not processes.group_alive(pid), (pid, seen[pid])
     ports = ports_of_run(run)
     assert ports and all(connect_fails(p) for p in ports), ports
 
@@ -282,8 +282,8 @@ def test_a_resume_is_refused_while_a_stage_of_the_run_still_runs(interrupted, tm
     assert sha256sum_check(copy).returncode == 0
     kernel = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        ledger = reaper.Ledger(copy)
-        ledger.append("owner", pid=kernel.pid, start=reaper.start_ticks(kernel.pid),
+        ledger = processes.Ledger(copy)
+        ledger.append("owner", pid=kernel.pid, start=processes.start_ticks(kernel.pid),
                       stage="05_sweep")
         before = tree_digest(copy)
         done = subprocess.run(runner_argv(copy.parent), cwd=REPO, capture_output=True,
@@ -340,7 +340,7 @@ def test_papermill_killed_its_kernel_dies_and_the_reaper_stops_server_and_aiperf
         assert group["pgid"] in stopped, (name, stopped)
         assert stopped[group["pgid"]]["by"] == "reaper", stopped[group["pgid"]]
         assert stopped[group["pgid"]]["left"] == []
-        assert not reaper.group_alive(group["pgid"])
+        assert not processes.group_alive(group["pgid"])
     # the kernel ran no exit hook: its transcript holds no stop of the server
     calls = [e for e in read_transcript(run / "transcript.jsonl")
              if e["stage"] == "05_sweep" and e.get("attempt") == 2]
@@ -446,7 +446,7 @@ def test_the_reaper_stops_what_a_sigkilled_owner_started(tmp_path):
         while time.monotonic() < deadline:
             groups = [e for e in ledger_events(run) if e["event"] == "started"]
             groups += [e for e in ledger_events(other) if e["event"] == "started"]
-            if len(groups) == 3 and all(len(reaper.group_alive(g["pgid"])) >= 2
+            if len(groups) == 3 and all(len(processes.group_alive(g["pgid"])) >= 2
                                         for g in groups):
                 break
             time.sleep(0.1)
@@ -454,50 +454,50 @@ def test_the_reaper_stops_what_a_sigkilled_owner_started(tmp_path):
         watchers = {e["pid"]: e for r in (run, other) for e in ledger_events(r)
                     if e["event"] == "reaper"}
         [watcher] = watchers.values()  # one reaper for the owner, whatever its ledgers
-        assert watcher["owner"] == owner.pid and reaper.is_alive(watcher["pid"], watcher["start"])
+        assert watcher["owner"] == owner.pid and processes.is_alive(watcher["pid"], watcher["start"])
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (
-                any(reaper.group_alive(g["pgid"]) for g in groups)
-                or reaper.is_alive(watcher["pid"], watcher["start"])):
+                any(processes.group_alive(g["pgid"]) for g in groups)
+                or processes.is_alive(watcher["pid"], watcher["start"])):
             time.sleep(0.1)
         for g in groups:
-            assert reaper.group_alive(g["pgid"]) == [], g
+            assert processes.group_alive(g["pgid"]) == [], g
         stopped = [e for r in (run, other) for e in ledger_events(r) if e["event"] == "stopped"]
         assert sorted(e["pgid"] for e in stopped) == sorted(g["pgid"] for g in groups)
         assert all(e["by"] == "reaper" and e["signals"] == ["SIGTERM"] and e["left"] == []
                    for e in stopped), stopped
-        assert not reaper.is_alive(watcher["pid"], watcher["start"])  # its work done, it left
+        assert not processes.is_alive(watcher["pid"], watcher["start"])  # its work done, it left
         timed("reaper after a SIGKILLed owner", began)
     finally:
         for g in [e for r in (run, other) for e in ledger_events(r) if e["event"] == "started"]:
-            if reaper.still_ours(g["pgid"], g["start"]):
+            if processes.still_ours(g["pgid"], g["start"]):
                 os.killpg(g["pgid"], signal.SIGKILL)
 
 
 def test_a_group_that_ignores_sigterm_is_killed_and_said_so(tmp_path):
     """The FAIL path of a stop: a group whose processes ignore SIGTERM gets SIGKILL after the
     grace, and the ledger says both signals; a group already gone gets none."""
-    ledger = reaper.Ledger(tmp_path)
+    ledger = processes.Ledger(tmp_path)
     stubborn = subprocess.Popen(
         [sys.executable, "-c", "import signal, subprocess, time; "
          "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
          "subprocess.Popen(['sleep', '300']); print('up', flush=True); time.sleep(300)"],
         stdout=subprocess.PIPE, text=True, start_new_session=True)
     gone = subprocess.Popen(["true"], start_new_session=True)
-    gone_start = reaper.start_ticks(gone.pid)
+    gone_start = processes.start_ticks(gone.pid)
     gone.wait()
     try:
         assert stubborn.stdout.readline().strip() == "up"
-        groups = [{"pgid": stubborn.pid, "start": reaper.start_ticks(stubborn.pid),
+        groups = [{"pgid": stubborn.pid, "start": processes.start_ticks(stubborn.pid),
                    "argv0": "python", "stage": "s"},
                   {"pgid": gone.pid, "start": gone_start, "argv0": "true", "stage": "s"}]
-        reports = reaper.stop_groups(ledger, groups, by="test", grace_s=0.5)
+        reports = processes.stop_groups(ledger, groups, by="test", grace_s=0.5)
         assert [r["signals"] for r in reports] == [["SIGTERM", "SIGKILL"], []]
         assert [r["left"] for r in reports] == [[], []]
         assert stubborn.wait(timeout=5) == -signal.SIGKILL
-        assert reaper.group_alive(stubborn.pid) == []
+        assert processes.group_alive(stubborn.pid) == []
     finally:
         if stubborn.poll() is None:
             os.killpg(stubborn.pid, signal.SIGKILL)
@@ -508,18 +508,18 @@ def test_a_reused_pid_or_another_boot_is_never_signalled(tmp_path):
     with another start (the PID reused) is left alone; so is a ledger of another boot."""
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        ledger = reaper.Ledger(tmp_path)
-        true_start = reaper.start_ticks(bystander.pid)
+        ledger = processes.Ledger(tmp_path)
+        true_start = processes.start_ticks(bystander.pid)
         wrong = {"pgid": bystander.pid, "start": true_start - 1, "argv0": "x", "stage": "s"}
-        assert not reaper.still_ours(bystander.pid, true_start - 1)
-        assert not reaper.still_ours(bystander.pid, None)
-        assert reaper.still_ours(bystander.pid, true_start)
-        [report] = reaper.stop_groups(ledger, [wrong], by="test", grace_s=1)
+        assert not processes.still_ours(bystander.pid, true_start - 1)
+        assert not processes.still_ours(bystander.pid, None)
+        assert processes.still_ours(bystander.pid, true_start)
+        [report] = processes.stop_groups(ledger, [wrong], by="test", grace_s=1)
         assert report["signals"] == [] and bystander.poll() is None
         ledger.append("started", pgid=bystander.pid, start=true_start, argv0="sleep",
                       stage="s", kind="run", owner=1, owner_start=0)
         assert [g["pgid"] for g in ledger.open_groups()] == [bystander.pid]
-        text = ledger.path.read_text().replace(reaper.boot_id(), "another-boot")
+        text = ledger.path.read_text().replace(processes.boot_id(), "another-boot")
         ledger.path.write_text(text + "{torn line\n")
         assert ledger.open_groups() == [] and bystander.poll() is None
     finally:
@@ -531,7 +531,7 @@ def interrupt_once_started(run: Path, pid: int, within_s: float = 10.0) -> None:
     """SIGINT to `pid` as soon as the run's ledger records a started group."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if (run / reaper.LEDGER_NAME).exists() and any(
+        if (run / processes.LEDGER_NAME).exists() and any(
                 e["event"] == "started" for e in ledger_events(run)):
             break
         time.sleep(0.05)
@@ -564,7 +564,7 @@ def test_an_interrupted_door_call_stops_its_group_and_is_recorded(tmp_path):
     assert entry["interrupted"] == "KeyboardInterrupt" and entry["group_left"] == []
     assert (run / entry["stdout"]).read_text() == "begun\n"
     [group] = [e for e in ledger_events(run) if e["event"] == "started"]
-    assert reaper.group_alive(group["pgid"]) == []
+    assert processes.group_alive(group["pgid"]) == []
     assert [e["by"] for e in ledger_events(run) if e["event"] == "stopped"] == ["door"]
 
 

@@ -20,7 +20,7 @@ from lib.stages import registry as params
 from lib.engines import transformers as serve
 from lib.engines import server as served
 from lib.core.door import Door, read_transcript
-from lib.core.reaper import group_alive
+from lib.core.processes import group_alive
 from lib.core.evidence import read_gates
 from lib.core.stage import Stage
 from lib.stages import serve as serve_stage

@@ -18,7 +18,7 @@ Paths inside the run directory and the repository are recorded as ``{run}`` and 
 run recorded in one checkout replays in another.
 
 Every process the door starts leads a process group of its own (a server: its own session) and
-is written into the run's ledger (lib/core/reaper.py), whose reaper stops it should the kernel
+is written into the run's ledger (lib/core/processes.py), whose reaper stops it should the kernel
 die without stopping it. A call interrupted (the stage's stop on SIGTERM, a KeyboardInterrupt)
 stops its process's group before the interruption goes on, and is recorded as interrupted.
 
@@ -51,7 +51,7 @@ from typing import Any
 import sh
 
 from lib.core import identities as naming
-from lib.core import reaper as reaping
+from lib.core import processes
 from lib.core import redact as redaction
 from lib.core.errors import CommandError, DoorError, PlanOnly, ReplayMismatch  # noqa: F401
 
@@ -149,7 +149,7 @@ class Door:
         self._private: Path | None = None  # revealed copies of files an argv names (0700)
         self._held: dict[int, list[Path]] = {}  # a background process's copies, until its stop
         # the processes it starts, for the reaper and the runner (never in replay: none start)
-        self.ledger = None if replay else reaping.Ledger(self.run_dir)
+        self.ledger = None if replay else processes.Ledger(self.run_dir)
         entries = read_transcript(self.transcript_path)
         self.attempt = attempt_of(entries, stage)
         mine = [e for e in entries if e["stage"] == stage and in_attempt(e, self.attempt)]
@@ -424,7 +424,7 @@ class Door:
         started = self._reveal_argv(argv, cwd, copies)
         ticks = None
         try:
-            reaping.ensure_reaper(self.ledger)  # before the process: it is never unwatched
+            processes.ensure_reaper(self.ledger)  # before the process: it is never unwatched
             running = sh.Command(started[0])(
                 *started[1:], _bg=True, _bg_exc=False, _out=str(log_path), _err_to_out=True,
                 _cwd=str(self._reveal(str(cwd))) if cwd else None,
@@ -669,7 +669,7 @@ def _full_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
-             ledger: reaping.Ledger | None = None, stage: str = ""):
+             ledger: processes.Ledger | None = None, stage: str = ""):
     """Run argv to its end, in a process group of its own (written into `ledger`, so that the
     reaper stops it should this process die meanwhile). `started` gets the running command
     ("proc"), its start ("t0") and its start ticks ("ticks"): an interruption stops it from there
@@ -679,13 +679,13 @@ def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
     try:
         command = sh.Command(argv[0])
         if ledger is not None:
-            reaping.ensure_reaper(ledger)
+            processes.ensure_reaper(ledger)
         running = command(
             *argv[1:], _cwd=str(cwd) if cwd else None, _env=_full_env(env), _timeout=timeout,
             _ok_code=ALL_EXIT_CODES, _in=input, _return_cmd=True, _tty_out=False,
             _bg=True, _bg_exc=False, _new_group=True,
         )
-        ticks = reaping.start_ticks(running.pid)
+        ticks = processes.start_ticks(running.pid)
         started.update(proc=running, t0=start, ticks=ticks, ledger=ledger, stage=stage,
                        argv0=Path(str(argv[0])).name)
         if ledger is not None:
@@ -694,7 +694,7 @@ def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
             running.wait()
         finally:  # ended, timed out or killed: its group is done (an interruption: _abandon)
             if (ledger is not None and not running.process.is_alive()[0]
-                    and not reaping.group_alive(running.pid)):
+                    and not processes.group_alive(running.pid)):
                 ledger.ended(running.pid, ticks)
         rc, out, err, timed_out = running.exit_code, running.stdout, running.stderr, False
     except sh.TimeoutException as exc:
@@ -717,10 +717,10 @@ def _abandon(started: dict) -> tuple[int | None, str, str, float, list[int]]:
     group = {"pgid": running.pid, "start": started.get("ticks"),
              "argv0": started.get("argv0", ""), "stage": started.get("stage", "")}
     if ledger is not None:
-        left = reaping.stop_groups(ledger, [group], by="door")[0]["left"]
+        left = processes.stop_groups(ledger, [group], by="door")[0]["left"]
     else:
-        reaping.stop_pid_group(running.pid, started.get("ticks"), grace_s=KILL_GRACE_S)
-        left = reaping.group_alive(running.pid)
+        processes.stop_pid_group(running.pid, started.get("ticks"), grace_s=KILL_GRACE_S)
+        left = processes.group_alive(running.pid)
     rc = None
     if not running.process.is_alive()[0]:
         try:
@@ -796,7 +796,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list
     (a grandchild) stuck in DeepEP's teardown barrier went on writing its log after the stage
     was sealed."""
     def gone() -> bool:
-        return not proc._running.process.is_alive()[0] and not reaping.group_alive(proc.pid)
+        return not proc._running.process.is_alive()[0] and not processes.group_alive(proc.pid)
 
     def wait(seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -817,7 +817,7 @@ def _terminate(proc: Background, timeout: float) -> tuple[int | None, bool, list
         killed = sig == signal.SIGKILL
         if wait(grace):
             break
-    return proc._running.process.exit_code, killed, reaping.group_alive(proc.pid)
+    return proc._running.process.exit_code, killed, processes.group_alive(proc.pid)
 
 
 def _http(method, url, timeout, json_body, extra_headers=None):

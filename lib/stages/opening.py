@@ -12,7 +12,7 @@ transcript). The opened stage carries what its place is handed (`stage.place_spe
 from its parameters by lib.stages.specs).
 
 Recording, the kernel is written into the run's ledger as the owner of what its doors start,
-its reaper is started (lib.core.reaper: it stops what the kernel leaves should it die without
+its reaper is started (lib.core.processes: it stops what the kernel leaves should it die without
 its exit hook), and SIGTERM/SIGHUP stop the stage (lib.core.stage `stop_on_signals`); the exit
 hook stops what the stage started (`close_resources`).
 """
@@ -30,7 +30,7 @@ from typing import Any
 from lib import places
 from lib.stages import profile
 from lib.core import evidence
-from lib.core import reaper
+from lib.core import processes
 from lib.core.door import Door, REPO_ROOT
 from lib.core.errors import ParameterError
 from lib.core.stage import (OUTPUTS_VERSION, REPLAY_ENV, Stage, open_record, open_replay,
@@ -68,9 +68,9 @@ def open_stage(name: str, namespace: dict[str, Any]) -> Stage:
     else:
         stage = open_record(name, resolved, functools.partial(
             write_run_json, profile_read=profile.recorded(supplied)), plan=plan)
-        ledger = reaper.Ledger(stage.run_dir)
+        ledger = processes.Ledger(stage.run_dir)
         ledger.owner(name)  # the runner finds the kernel to stop here
-        reaper.ensure_reaper(ledger)
+        processes.ensure_reaper(ledger)
         stop_on_signals()
     # what its place is handed, built once from the parameters it opened with (in a replay, the
     # recorded ones): lib.places reads these typed values, never a parameter by its name

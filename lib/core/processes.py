@@ -1,4 +1,6 @@
-"""What a run's doors start, and how it is stopped when the stage cannot stop it itself.
+"""Processes, in one home: what a run's doors start, how each is grouped, stopped and reaped
+when the stage cannot stop it itself, and what `make run` does with a stage's papermill when a
+signal comes (the runner's side, at the end of this module).
 
 Every process a Door starts leads a process group of its own: a server (`Door.start`) its own
 session, a command (`Door.run`: AIPerf under coreutils timeout, torchrun, kubectl) its own group.
@@ -34,7 +36,7 @@ it, sealed, into the stage's `incomplete.json` (lib.runner).
 A door stopping a process also says so here: `stopped` by "door" (an interrupted `run`), or
 `ended` (its stop through the stage). An interrupted `run` is recorded in the transcript too.
 
-The **reaper** (`python -m lib.core.reaper --owner PID --owner-start T`): one small process per
+The **reaper** (`python -m lib.core.processes --owner PID --owner-start T`): one small process per
 owner (a kernel; a test session), in a session of its own (no signal meant for the kernel's group
 or the runner's reaches it), started before the first process a door of the owner starts, and
 told each ledger the owner writes to through its stdin. It waits for its owner to exit (a pidfd:
@@ -44,6 +46,7 @@ and exits. An owner that ended normally left none: the reaper exits at once.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import select
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 LEDGER_NAME = ".processes.jsonl"
@@ -286,7 +290,7 @@ def ensure_reaper(ledger: Ledger) -> int | None:
             start = start_ticks(me)
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "lib.core.reaper", "--owner", str(me),
+                    [sys.executable, "-m", "lib.core.processes", "--owner", str(me),
                      "--owner-start", str(start)],
                     cwd=_REPO, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
@@ -370,8 +374,283 @@ def watch(owner: int, owner_start: int | None) -> list[dict]:
     return stopped
 
 
+# ==== the runner's side: signals, a stage's attempt, what a run left ===========================
+# `make run` (lib.runner) runs each stage's notebook with papermill; what starts that process,
+# what a signal does meanwhile and how the attempt and its leftovers are stopped live here, with
+# the ledger and the reaper they act through.
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long a stage's kernel has to stop what it started, once asked (its servers: SIGTERM, up
+# to the door's 10 s, SIGKILL, up to 30 s), before it is killed; papermill then ends by itself.
+KERNEL_GRACE_S = 60.0
+PAPERMILL_GRACE_S = 5.0
+# A papermill killed under its kernel: ipykernel's parent poller ends the kernel within ~1 s
+ORPHAN_KERNEL_S = 10.0
+# A reaper's stop of what its kernel left: SIGTERM, its grace, SIGKILL, the exits
+REAPER_WAIT_S = TERM_GRACE_S + KILLED_EXIT_S + 5.0
+
+
+try:  # Linux's prctl, for papermill's PR_SET_PDEATHSIG (loaded here: never after a fork)
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_runner() -> None:
+    """In papermill's process, before it runs: SIGTERM when the runner dies, by SIGKILL too
+    (which the runner cannot handle), so papermill never outlives it; its kernel then ends
+    (ipykernel's parent poller) and the kernel's reaper stops what the stage started."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def say(text: str) -> None:
+    """A progress line; a terminal that went away (SIGHUP) does not stop a stop."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+class Interrupted(BaseException):
+    """The runner received SIGINT, SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP while the stages run. The first one raises Interrupted at once
+    only while the runner waits for papermill; anywhere else (moving an attempt, sealing,
+    stopping) it is raised at the next `check`, so no such step is cut short. A later one (a
+    second Ctrl-C while stopping) is noted, never raised. The handlers are restored on exit
+    (the runner may run inside pytest); outside the main thread, signals are left alone."""
+
+    def __init__(self):
+        self.got: list[int] = []
+        self.raised = False
+        self._waiting = False
+        self._saved: dict = {}
+
+    def __enter__(self) -> "Signals":
+        if threading.current_thread() is threading.main_thread():
+            self._saved = {sig: signal.signal(sig, self._handler) for sig in INTERRUPTS}
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        return False
+
+    def _handler(self, signum, _frame) -> None:
+        self.got.append(signum)
+        if len(self.got) > 1:
+            say(f"{signal.Signals(signum).name} again: still stopping what the stage started")
+        elif self._waiting:
+            self.raised = True
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        if self.got and not self.raised:
+            self.raised = True
+            raise Interrupted(self.got[0])
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        """proc.wait(), interruptible."""
+        self._waiting = True
+        try:
+            self.check()
+            return proc.wait()
+        finally:
+            self._waiting = False
+
+
+def settle_leftovers(run_dir: Path) -> list[dict]:
+    """Groups of the run's ledger still open whose owner is gone (its reaper died too, or the
+    runner was killed before it could stop them): stopped now."""
+    ledger = Ledger(run_dir)
+    alive = {(o["pid"], o.get("start")) for o in ledger.owners()}
+    left = [g for g in ledger.open_groups() if (g.get("owner"), g.get("owner_start")) not in alive]
+    if not left:
+        return []
+    say(f"stopping {len(left)} process group(s) an earlier attempt left running: "
+        + ", ".join(f"{g['argv0']} (pgid {g['pgid']}, {g['stage']})" for g in left))
+    return stop_groups(ledger, left, by="runner")
+
+
+class Attempt:
+    """The stage papermill is running now (`start_attempt`), and what stops it: its kernel
+    asked, then papermill, then what the ledger says the attempt left; what it all came to
+    (`incomplete`, which the runner writes as the stage's incomplete.json)."""
+
+    def __init__(self, run_dir: Path, stage: str, proc: subprocess.Popen, number: int):
+        self.run_dir, self.stage, self.proc = run_dir, stage, proc
+        self.since = time.time()
+        self.number = number  # its attempt of the stage (the runner reads it from the transcript)
+        self.ledger = Ledger(run_dir)
+
+    def kernels(self, alive_only: bool = True) -> list[dict]:
+        """This attempt's kernel(s): the ledger's owners of the stage, and papermill's children
+        (a kernel stopped before its stage opened is in no ledger)."""
+        found = [o for o in self.ledger.owners(self.stage, alive_only=alive_only)
+                 if o["t"] >= self.since - 1]
+        known = {o["pid"] for o in found}
+        for pid in children(self.proc.pid):
+            if pid not in known:
+                found.append({"pid": pid, "start": start_ticks(pid), "stage": self.stage})
+        return found
+
+    def stop(self, ask_kernel: bool) -> dict:
+        """Stop the stage: its kernel asked first (when `ask_kernel`), then killed; papermill;
+        then what is left. A kernel not asked (its papermill was killed) ends by itself, and its
+        reaper stops what it started."""
+        kernels = self.kernels()
+        asked = []
+        for k in kernels:
+            if ask_kernel and is_alive(k["pid"], k.get("start")):
+                try:
+                    os.kill(k["pid"], signal.SIGTERM)
+                    asked.append(k["pid"])
+                except ProcessLookupError:
+                    pass
+        if asked:
+            say(f"[{self.stage}] asked its kernel (pid {', '.join(map(str, asked))}) to stop "
+                f"what it started; waiting up to {KERNEL_GRACE_S:.0f} s")
+        wait_for(lambda: self.proc.poll() is not None, KERNEL_GRACE_S if asked else 0)
+        pm_signals = stop_pid_group(self.proc.pid, start_ticks(self.proc.pid),
+                                           grace_s=PAPERMILL_GRACE_S) \
+            if self.proc.poll() is None else []
+        self.proc.wait()
+        # a kernel whose papermill is gone ends by itself (ipykernel's parent poller): else now
+        wait_for(lambda: not any(is_alive(k["pid"], k.get("start")) for k in kernels),
+                 ORPHAN_KERNEL_S)
+        kernel_signals = {k["pid"]: stop_pid_group(k["pid"], k.get("start"),
+                                                          grace_s=PAPERMILL_GRACE_S)
+                          for k in kernels}
+        # a kernel that died without its exit hook: its reaper stops what it left; the runner
+        # stops only what is left after (a reaper killed too, a group it could not stop)
+        owners = {(k["pid"], k.get("start")) for k in self.kernels(alive_only=False)}
+        reapers = [e for e in self.ledger.events() if e["event"] == "reaper"
+                   and (e.get("owner"), e.get("owner_start")) in owners]
+        if any(is_alive(r["pid"], r.get("start")) for r in reapers):
+            say(f"[{self.stage}] its kernel is gone; its reaper is stopping what it left")
+        wait_for(lambda: not any(is_alive(r["pid"], r.get("start")) for r in reapers),
+                 REAPER_WAIT_S)
+        left = [g for g in self.ledger.open_groups(stage=self.stage) if g["t"] >= self.since - 1]
+        stopped = stop_groups(self.ledger, left, by="runner") if left else []
+        return {"asked_kernel": asked, "papermill_signals": pm_signals,
+                "kernel_signals": {str(k): v for k, v in kernel_signals.items() if v},
+                "stopped_now": stopped}
+
+    def incomplete(self, how: str, signum: int | None, stop: dict) -> dict:
+        """What incomplete.json says: when, how, by which signal; each process group the
+        attempt's doors started and how it ended (its stage's own stop through the door, the
+        reaper, the runner), with what was left of it; its ports, each checked closed."""
+        events = [e for e in self.ledger.events() if e.get("t", 0) >= self.since - 1
+                  and e.get("stage") == self.stage]
+        groups = []
+        for e in (e for e in events if e["event"] == "started"):
+            key = (e["pgid"], e.get("start"))
+            ended = [x for x in self.ledger.events() if (x.get("pgid"), x.get("start")) == key
+                     and x["event"] in ("ended", "stopped")]
+            stopped = [x for x in ended if x["event"] == "stopped"]
+            groups.append({
+                "pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
+                "ended": (f"stopped by the {stopped[0]['by']}" if stopped else
+                          "ended through its stage (the door)" if ended else "not seen to end"),
+                "signals": [sig for x in stopped for sig in x.get("signals") or []],
+                "left": group_alive(e["pgid"]) if group_still_ours(e) else []})
+        ports = sorted({e["port"] for e in events if e["event"] == "port"})
+        notebook = self.run_dir / "notebooks" / f"{self.stage}.ipynb"
+        try:
+            json.loads(notebook.read_text(encoding="utf-8"))
+            notebook_ok = True
+        except (OSError, ValueError):
+            notebook_ok = False
+        return {
+            "stage": self.stage, "attempt": self.number,
+            "stopped_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "how": how, "signal": signal.Signals(signum).name if signum else None,
+            "papermill": {"exit_code": self.proc.returncode,
+                          "signals": stop.get("papermill_signals", [])},
+            "kernel": {"asked_to_stop": bool(stop.get("asked_kernel")),
+                       "signals": sorted({s for v in stop.get("kernel_signals", {}).values()
+                                          for s in v})},
+            "process_groups": groups,
+            "left_running": sorted({p for g in groups for p in g["left"]}),
+            "ports": [{"port": p, "listening": port_open(p)} for p in ports],
+            "notebook": {"path": f"notebooks/{self.stage}.ipynb", "exists": notebook.exists(),
+                         "valid_json": notebook_ok},
+        }
+
+
+def group_still_ours(started: dict) -> bool:
+    """Whether the group a ledger's `started` event names is still that group."""
+    return still_ours(started["pgid"], started.get("start"))
+
+
+def children(pid: int) -> list[int]:
+    """A process's children (papermill's: its kernel), read from /proc."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as fh:
+                found += [int(p) for p in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def found_in_ledger(run_dir: Path, stage: str) -> dict:
+    """What the ledger says of a stage's last attempt that no runner saw end (for the
+    incomplete.json written when it is kept): its process groups, how each ended, its ports."""
+    ledger = Ledger(run_dir)
+    events = ledger.events()
+    opened = [e["t"] for e in events if e["event"] == "owner" and e.get("stage") == stage]
+    if not opened:
+        return {}
+    mine = [e for e in events if e.get("t", 0) >= opened[-1] and e.get("stage") == stage]
+    groups = []
+    for e in (e for e in mine if e["event"] == "started"):
+        ends = [x for x in events if (x.get("pgid"), x.get("start")) == (e["pgid"], e.get("start"))
+                and x["event"] in ("ended", "stopped")]
+        by = [x.get("by") for x in ends if x["event"] == "stopped"]
+        groups.append({"pgid": e["pgid"], "argv0": e.get("argv0"), "kind": e.get("kind"),
+                       "ended": (f"stopped by the {by[0]}" if by else "ended through its "
+                                 "stage (the door)" if ends else "not seen to end"),
+                       "left": group_alive(e["pgid"]) if group_still_ours(e) else []})
+    ports = sorted({e["port"] for e in mine if e["event"] == "port"})
+    return {"process_groups": groups,
+            "ports": [{"port": p, "listening": port_open(p)} for p in ports]}
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def start_attempt(argv: list[str], out) -> subprocess.Popen:
+    """papermill running one stage, its output into `out`, in a session of its own (a
+    terminal's Ctrl-C reaches the runner alone, which stops the stage in order; its kernel sits
+    in a session of its own too: jupyter_client), ending should the runner die
+    (`_die_with_the_runner`)."""
+    return subprocess.Popen(argv, cwd=_REPO, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with_the_runner)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lib.core.reaper")
+    parser = argparse.ArgumentParser(prog="python -m lib.core.processes")
     parser.add_argument("--owner", type=int, required=True)
     parser.add_argument("--owner-start", default="None")
     args = parser.parse_args(argv)

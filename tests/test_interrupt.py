@@ -527,11 +527,13 @@ def test_a_reused_pid_or_another_boot_is_never_signalled(tmp_path):
         bystander.wait()
 
 
-def interrupt_once_started(run: Path, pid: int, within_s: float = 10.0) -> None:
-    """SIGINT to `pid` as soon as the run's ledger records a started group."""
+def interrupt_once_started(run: Path, pid: int, marker: Path, within_s: float = 10.0) -> None:
+    """SIGINT to `pid` as soon as the run's ledger records a started group and the command
+    has said it began (`marker` exists: the ledger's line is written before the command runs
+    its first word, so under load a SIGINT on the ledger alone came before its echo)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if (run / processes.LEDGER_NAME).exists() and any(
+        if (run / processes.LEDGER_NAME).exists() and marker.exists() and any(
                 e["event"] == "started" for e in ledger_events(run)):
             break
         time.sleep(0.05)
@@ -552,11 +554,13 @@ def test_an_interrupted_door_call_stops_its_group_and_is_recorded(tmp_path):
     # so by something an earlier test of that worker ran; what it was is in the message.
     found = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=interrupt_once_started, args=(run, os.getpid()),
+        marker = tmp_path / "begun"
+        threading.Thread(target=interrupt_once_started, args=(run, os.getpid(), marker),
                          daemon=True).start()
         began = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            door.run(["sh", "-c", "echo begun; sleep 60 & sleep 60"], timeout=600)
+            door.run(["sh", "-c", f"echo begun; touch {marker}; sleep 60 & sleep 60"],
+                     timeout=600)
     finally:
         signal.signal(signal.SIGINT, found)
     assert time.monotonic() - began < 15, f"SIGINT's handler in this worker was {found!r}"

@@ -117,15 +117,18 @@ class KubeEnv:
         return paths
 
     def ranks(self, name: str, logs: Sequence[Path], exit_codes: Sequence[int] | None = None,
-              pending: bool = False) -> None:
-        """The pods `<name>-<rank>`: each prints its node's log and exits with its code."""
+              pending: bool = False, exit_after: Sequence[float] | None = None) -> None:
+        """The pods `<name>-<rank>`: each prints its node's log and exits with its code,
+        `exit_after` seconds after it runs (2 s each unless given per rank)."""
         for rank, log in enumerate(logs):
             code = (exit_codes or [0] * len(logs))[rank]
             self.double.add_script(Script(f"{name}-{rank}", {
                 "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
                 # 2 s: both ranks started before either finished, as a job's ranks do (the
                 # kubelet's startedAt and finishedAt are whole seconds), under any load
-                running_after=None if pending else 0.1, exit_after=2.0, pod_ips="10.244.0.0/16"))
+                running_after=None if pending else 0.1,
+                exit_after=2.0 if exit_after is None else exit_after[rank],
+                pod_ips="10.244.0.0/16"))
 
     def verify(self, failed: Sequence[str] = ()) -> Path:
         """The pod `verify-image-0`: docker/verify-image.sh's output in its own line format

@@ -333,8 +333,9 @@ KERNEL = {"ranks": 1, "venv": VENV, "hidden": 64, "num_tokens": 16, "num_experts
 @needs_slurm
 @pytest.mark.parametrize("given, said", [
     ({"partition": "no-such-partition"}, "sinfo lists no node in it"),
-    # two nodes here: Slurm queues it (PartitionNodeLimit) and it never starts
-    ({"nodes": 3, "schedule_timeout_s": 3}, "the node probe was not allocated: job "),
+    # two nodes here: refused before any allocation (Slurm would queue it for good,
+    # PartitionNodeLimit)
+    ({"nodes": 3, "schedule_timeout_s": 3}, "it has 2 node(s) (n1, n2), the run asks 3 (nodes)"),
 ])
 def test_stage_00_a_refusal_of_the_real_slurm_is_a_fail_naming_the_partition(
         cluster, tmp_path, given, said):

@@ -48,6 +48,7 @@ EVERY_GATE = ("every rank exits 0", "every rank ran every step",
               "loss lower after the last step than after the first",
               "grad norm finite at every step",
               "tokens cross ranks through the dispatcher at every step",
+              "megatron-core training: node ranks on distinct nodes, together",
               "the all-to-all used the wire (EFA RDMA write bytes grew)")
 EFA_GATE = EVERY_GATE[-1]
 needs_plane = pytest.mark.skipif(not plane_available(), reason=NOT_BUILT)
@@ -145,10 +146,11 @@ def kube(tmp_path_factory):
         yield env
 
 
-def kube_07(kube, run: Path, logs: list[Path], exit_codes=(0, 0), replay: bool = False):
+def kube_07(kube, run: Path, logs: list[Path], exit_codes=(0, 0), replay: bool = False,
+            exit_after=None):
     """07 on the control plane, its pods logging `logs`: the finished stage and its data."""
     if not replay:
-        kube.ranks(POD, logs, exit_codes=list(exit_codes))
+        kube.ranks(POD, logs, exit_codes=list(exit_codes), exit_after=exit_after)
     stage = kube.stage("07_train", run, replay=replay, **local_shape(), **ONE_RANK_A_NODE)
     data = train.run(stage)
     train.show(stage, data)
@@ -194,16 +196,19 @@ def test_kube_two_pods_train_from_their_recorded_logs_every_gate_passes(kube, tm
 @needs_plane
 def test_kube_a_rank_that_dies_mid_run_is_named_first(kube, tmp_path):
     """Pod 1's rank raised after its step 2 (a real run's traceback: tests/train_logs/) and its
-    torchrun exited 1; pod 0's rank then failed on the broken process group (gloo's 'Connection
-    closed by peer') and its torchrun exited 1 too. 'first rank to fail' names rank 1 of pod 1,
-    the other's error a symptom; 'every rank ran every step' names it with the steps it logged."""
+    torchrun exited 1; pod 0's rank had failed on the broken process group (gloo's 'Connection
+    closed by peer'), its torchrun still winding down (it exits 1 only much later here). The
+    job's wait ends at pod 1's exit (issue 43: its peer would wait on it) and pod 0 is stopped,
+    said so. 'first rank to fail' names rank 1 of pod 1, the other's error a symptom; 'every
+    rank ran every step' names it with the steps it logged."""
     stage, _ = kube_07(kube, tmp_path / "run", compose.recorded_train_pods(
-        "rank1-dies-after-step2"), exit_codes=(1, 1))
+        "rank1-dies-after-step2"), exit_codes=(1, 1), exit_after=(60.0, 2.0))
     failed = {g.gate: g for g in stage.gates if g.status == "FAIL"}
     assert set(failed) == {"every rank exits 0", triage.GATE_FIRST_RANK,
                            "every rank ran every step",
                            "tokens cross ranks through the dispatcher at every step"}, list(failed)
-    assert failed["every rank exits 0"].observed == {"node 0": 1, "node 1": 1}
+    assert failed["every rank exits 0"].observed == {"node 0": None, "node 1": 1}
+    assert "stopped when" in failed["every rank exits 0"].reason, failed["every rank exits 0"].reason
     first = failed[triage.GATE_FIRST_RANK]
     assert first.reason.startswith("rank 1 failed first: node 1:"), first.reason
     assert "RuntimeError: this rank dies after step 2" in first.reason

@@ -61,10 +61,16 @@ def exit_gates(runs: list, streams: list[str]) -> list[Gate]:
     """Every node's torchrun exited 0; where one did not, the rank (or node) that failed first."""
     codes = {f"node {r.rank}": (None if r.timed_out else r.rc) for r in runs}
     ok = all(c == 0 for c in codes.values())
+    # a node without an exit code: what its place said of it (stopped when a peer failed, never
+    # started: the allocation's reason), else that it timed out
+    unsaid = [f"node {r.rank}: " + (r.stderr.strip().splitlines()[-1] if r.stderr.strip()
+                                    and r.rc is None else "timed out")
+              for r in runs if (r.timed_out or r.rc is None)]
+    reason = ("" if ok else "a node's torchrun exited non-zero or timed out"
+              + (f" ({'; '.join(unsaid)})" if unsaid else ""))
     gates = [Gate("every rank exits 0", "PASS" if ok else "FAIL", codes,
                   "exit code 0 from every node's torchrun (it exits non-zero when any of its "
-                  "ranks does)", "" if ok else "a node's torchrun exited non-zero or timed out",
-                  streams)]
+                  "ranks does)", reason, streams)]
     if not ok:
         gates.append(Gate(**triage.first_failure_gate(
             {f"node {r.rank}": r.stdout + "\n" + r.stderr for r in runs}, codes,

@@ -244,7 +244,7 @@ class KubePlace(Place):
                                     f"every pod {what}", f"{who}: {why}", []))
                 return [NodeRun(r, None, "", f"not {what}: {why}", False, [])
                         for r in range(job.nodes)]
-            if job.nodes > 1:  # placed by the scheduler: the pods' own nodes and times
+            if job.nodes > 1 and not self.plans_only:  # the pods' own nodes and times
                 self.stage.add(ranks_apart_gate(
                     job.name, {r: (statuses.get(pod) or {}).get("spec", {}).get("nodeName")
                                for r, pod in enumerate(pods)},

@@ -252,6 +252,9 @@ class SlurmPlace(Place):
         usable = [n for n, r in rows.items() if parse.usable(r["slurm_state"])]
         if len(usable) >= asked:
             return
+        if len(rows) < asked:  # Slurm would queue it for good (PartitionNodeLimit)
+            raise PlaceError(self.where(), f"it has {len(rows)} node(s) ({', '.join(rows)}), "
+                             f"the run asks {asked} (nodes)")
         said = []
         for name, row in rows.items():
             if name in usable:
@@ -286,7 +289,7 @@ class SlurmPlace(Place):
             return self._never_ran(job, str(why), why.timed_out)
         try:
             names, info = self._nodes_of(jobid)
-            if job.nodes > 1:  # rank N runs on the allocation's node N, one task each
+            if job.nodes > 1 and not self.plans_only:  # rank N on node N, a task each
                 self.stage.add(ranks_apart_gate(
                     job.name, {r: names[r] if r < len(names) else None
                                for r in range(job.nodes)}, None, [],

@@ -88,8 +88,8 @@ unit: venv kube-plane slurm chromium
 	$(MAKE) --no-print-directory cluster-tests
 
 # The cluster files as three pytest processes side by side, one worker each: the kube files,
-# the kube A/Bs and LeaderWorkerSet (marked `cluster_c`), and the Slurm files with the kube
-# faults (marked `cluster_b`, tests/conftest.py); they share no daemon, port or file (each kube
+# the kube A/Bs, LeaderWorkerSet and faults (marked `cluster_c`), and the Slurm files
+# (marked `cluster_b`, tests/conftest.py); they share no daemon, port or file (each kube
 # module starts its own control plane on free ports); each line is prefixed with its group,
 # each prints its own durations, and the phase fails if any does.
 CLUSTER_TESTS := $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests -m
@@ -97,12 +97,12 @@ cluster-tests: venv kube-plane slurm
 	@set -o pipefail; start=$$(date +%s); \
 	  { $(CLUSTER_TESTS) "cluster and not cluster_b and not cluster_c" 2>&1 \
 	    | sed -u 's/^/[kube] /'; } & kube=$$!; \
-	  { $(CLUSTER_TESTS) "cluster and cluster_c" 2>&1 | sed -u 's/^/[kube-ab] /'; } & kube_ab=$$!; \
-	  $(CLUSTER_TESTS) "cluster and cluster_b" 2>&1 | sed -u 's/^/[slurm+faults] /'; slurm_rc=$$?; \
+	  { $(CLUSTER_TESTS) "cluster and cluster_c" 2>&1 | sed -u 's/^/[kube-ab+faults] /'; } & kube_ab=$$!; \
+	  $(CLUSTER_TESTS) "cluster and cluster_b" 2>&1 | sed -u 's/^/[slurm] /'; slurm_rc=$$?; \
 	  wait $$kube; kube_rc=$$?; wait $$kube_ab; kube_ab_rc=$$?; \
 	  rc=$$(( kube_rc || kube_ab_rc || slurm_rc )); \
 	  echo "make test: cluster phase $$(( $$(date +%s) - start )) s wall" \
-	    "(exit $$rc: kube $$kube_rc, kube-ab $$kube_ab_rc, slurm+faults $$slurm_rc)"; exit $$rc
+	    "(exit $$rc: kube $$kube_rc, kube-ab+faults $$kube_ab_rc, slurm $$slurm_rc)"; exit $$rc
 
 # Strict nbval (never --nbval-lax): the committed notebooks re-executed against their evidence,
 # and the replayable notebooks of the further reference runs (results/REPLAYED), each against

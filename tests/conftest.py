@@ -85,16 +85,15 @@ CLUSTER_FILES = ("test_kube_stages.py", "test_kube_lws.py", "test_kubeplane.py",
 # tests/kubeplane.py pick free ports and work under their own tmp folders).
 SLURM_CLUSTER_FILES = ("test_slurm_place.py", "test_slurm_engines.py", "test_slurmlocal.py",
                        "test_slurm_faults.py", "test_train_cluster.py")
-# make test's second cluster process (marked `cluster_b`): the Slurm files, and the kube faults,
-# whose module starts a control plane of its own on free ports (tests/kube_env.py), so the two
-# processes end together (measured on a fresh clone: kube 483 s and Slurm 280 s with the faults
-# in the first; the faults ~100 s of it)
-SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES + ("test_kube_faults.py",)
-# make test's third cluster process (marked `cluster_c`): the kube files of the two-node A/Bs and
-# the LeaderWorkerSet, each module with a control plane of its own on free ports, so the kube
-# files' ~580 s on one process are split in two beside the Slurm one
+# make test's second cluster process (marked `cluster_b`): the Slurm files
+SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES
+# make test's third cluster process (marked `cluster_c`): the kube files of the two-node A/Bs,
+# the LeaderWorkerSet and the kube faults, each module with a control plane of its own on free
+# ports (tests/kube_env.py), so the three processes end near together (measured on a fresh
+# clone with the faults beside the Slurm files: kube 283 s, A/Bs and LWS 225 s, Slurm and the
+# faults 503 s, the faults ~200 s of it)
 THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py",
-                       "test_kube_transport_ab.py")
+                       "test_kube_transport_ab.py", "test_kube_faults.py")
 # The longest files start first, so that the workers end together (measured with --durations,
 # a worker's seconds each: test_interrupt.py ~400, the vLLM-double files ~130 (stages), ~110
 # (deepep_06) and ~70 (answers) on an idle machine, then ~100 down to ~30).
@@ -109,11 +108,11 @@ def pytest_configure(config):
                                        "run alone, one worker (make test's second phase)")
     config.addinivalue_line("markers", "slurm: a cluster test on the host's two-node Slurm")
     config.addinivalue_line("markers", "cluster_b: a cluster test of make test's second "
-                                       "process (the Slurm files and the kube faults), run "
-                                       "beside the first (the other kube files)")
+                                       "process (the Slurm files), run beside the first (the "
+                                       "kube stages)")
     config.addinivalue_line("markers", "cluster_c: a cluster test of make test's third "
-                                       "process (the kube A/Bs and the LeaderWorkerSet), run "
-                                       "beside the other two")
+                                       "process (the kube A/Bs, the LeaderWorkerSet and the "
+                                       "kube faults), run beside the other two")
 
 
 def pytest_collection_modifyitems(config, items):

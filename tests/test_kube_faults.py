@@ -225,10 +225,13 @@ def test_the_api_server_restarting_while_a_stage_waits_is_retried_within_its_dea
     "connection ... refused" in its stderr), the pods' end seen once it was back; applied once;
     every gate PASSes."""
     name = "test-ep-at-128-tokens"
+    # each rank runs 15 s, as a job's ranks wait on one another: the restart holds the double's
+    # status posts for seconds, and with 0.5 s one rank was seen started after the other had
+    # finished (the distinct-nodes gate FAILed it: a real rank never finishes alone)
     for rank, log in enumerate(compose.compose_test_ep(tmp_path / "logs")):
         env.double.add_script(Script(f"{name}-{rank}", {
             "*": Container(log=log, exit_code=0, image_id=IMAGE_ID)},
-            running_after=5.0, exit_after=0.5, pod_ips="10.244.0.0/16"))
+            running_after=5.0, exit_after=15.0, pod_ips="10.244.0.0/16"))
     plane = env.plane
     thread, took = restart_when(plane, lambda: bool(env.objects_left()))
     run = tmp_path / "run"

@@ -109,6 +109,17 @@ def per_rank_nccl(log_text: str, world: int, *, log_name: str = "log") -> dict:
                 "per rank", evidence).as_dict()
 
 
+def ranks_by_process(log_text: str, world: int | None) -> dict[tuple, set]:
+    """(host, pid) -> the ranks its NCCL init lines name in communicators of size `world` (any
+    size when None): how a per-process line (the provider, the network, an ENV setting, the GIN
+    assignment), which carries no rank, is tied to ranks."""
+    ranks: dict[tuple, set] = defaultdict(set)
+    for c in nccl_comm_lines(log_text):
+        if c["host"] is not None and (world is None or c["nranks"] == world):
+            ranks[(c["host"], c["pid"])].add(c["rank"])
+    return ranks
+
+
 def efa_provider_per_rank(log_text: str, world: int | None = None, *,
                           log_name: str = "log") -> dict:
     """Gate: the aws-ofi-nccl plugin selected the EFA provider on every rank.
@@ -134,10 +145,7 @@ def efa_provider_per_rank(log_text: str, world: int | None = None, *,
         else:
             other_lines.append(_quote(log_name, i, line))
             other_provs.add(m.group(1))
-    proc_ranks: dict[tuple, set] = defaultdict(set)
-    for c in nccl_comm_lines(log_text):
-        if c["host"] is not None and (world is None or c["nranks"] == world):
-            proc_ranks[(c["host"], c["pid"])].add(c["rank"])
+    proc_ranks = ranks_by_process(log_text, world)
     per_rank: Counter = Counter()
     for proc, n in efa_procs.items():
         for r in proc_ranks.get(proc, ()):
@@ -235,10 +243,7 @@ def gin_assigned_per_rank(log_text: str, world: int, gin_type: int, *,
     assignment line, tied to ranks through the same host:pid's NCCL init lines). A rank
     assigned another type FAILs it, named; so does a rank with no assignment line."""
     name = f"nccl_gin_type_{gin_type}_assigned_per_rank"
-    proc_ranks: dict[tuple, set] = defaultdict(set)
-    for c in nccl_comm_lines(log_text):
-        if c["host"] is not None and c["nranks"] == world:
-            proc_ranks[(c["host"], c["pid"])].add(c["rank"])
+    proc_ranks = ranks_by_process(log_text, world)
     type_of_rank: dict[int, int | None] = {}
     quoted, wrong = [], []
     for i, line in enumerate(_lines(log_text), 1):
@@ -304,10 +309,7 @@ def env_setting_per_rank(log_text: str, world: int, var: str, value: str, *,
         proc = (p.group(1), int(p.group(2))) if p else ("?", i)
         read_by[proc] = m.group(2)
         (right if m.group(2) == value else wrong).append(_quote(log_name, i, line))
-    ranks_of: dict[tuple, set] = defaultdict(set)
-    for c in nccl_comm_lines(log_text):
-        if c["host"] is not None and c["nranks"] == world:
-            ranks_of[(c["host"], c["pid"])].add(c["rank"])
+    ranks_of = ranks_by_process(log_text, world)
     with_value = sorted({r for proc, v in read_by.items() if v == value
                          for r in ranks_of.get(proc, ())})
     missing = [r for r in range(world) if r not in with_value]

@@ -58,7 +58,7 @@ class EngineSpec:
     enforce_eager: bool = True
     expert_parallel: bool = True
     ep_num_comms: int = 1
-    # DeepEP-V2's mode with backend deepep_v2 (lib.engines.vllm_args.DEEPEP_V2_MODES; None: the
+    # DeepEP-V2's mode with backend deepep_v2 (lib.engines.deepep.MODES; None: the
     # engine's own pick, hybrid across nodes)
     deepep_v2_mode: str | None = None
     port: int = 8000

@@ -45,6 +45,13 @@ from lib.engines.transport import DEFAULT_PLUGIN_PATH, Transport, deepep_pythonp
 BUILD_SCRIPT = REPO_ROOT / "docker" / "build_deepep.sh"
 TEST_EP_SCRIPT = "test_ep.py"  # inside <DeepEP checkout>/tests/elastic
 # How test_ep's ranks start: the stage picks it by its place (one machine: spawn; nodes: torchrun)
+# DeepEP V2's two modes (ElasticBuffer's allow_hybrid_mode): hybrid, scale-out then scale-up
+# through a node's NVLink, or direct, every rank to every rank. One list for the bounds
+# (lib.measure.bounds) and the `deepep_v2_mode` parameter (lib.engines.vllm_args says how each
+# engine is given it); hybrid by default, as the published runs and the H200 runs set it.
+Mode = Literal["hybrid", "direct"]
+MODES: tuple[str, ...] = get_args(Mode)
+DEFAULT_MODE: Mode = "hybrid"
 Launcher = Literal["spawn", "torchrun"]
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 # pins.yaml's deepseek-ai/DeepEP git pins: the cluster's, and the one built on a GPU machine here

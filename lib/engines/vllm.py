@@ -16,6 +16,7 @@ from lib.engines.base import Engine, EngineSpec
 from lib.engines.transport import (CPU_TIMEOUT_VAR, DEFAULT_PLUGIN_PATH, ELASTIC_TIMEOUT_S,
                                    GPU_TIMEOUT_VAR)
 from lib.engines.vllm_args import BACKENDS, CLI_MODULE, vllm_serve
+from lib.engines.deepep import DEFAULT_MODE
 
 # vLLM 0.24.0's routes: its log lists "Route: /health, Methods: GET" and /metrics
 READY_PATH = "/health"
@@ -46,7 +47,7 @@ class VllmEngine(Engine):
             extra_env=dict(spec.extra_env) or None, python=spec.python,
             plugin_path=spec.plugin_path or DEFAULT_PLUGIN_PATH,
             expert_parallel=spec.expert_parallel,
-            deepep_v2_mode=spec.deepep_v2_mode or "hybrid")
+            deepep_v2_mode=spec.deepep_v2_mode or DEFAULT_MODE)
         if spec.revision:
             # vllm_serve takes no revision: --revision and --tokenizer-revision, both pinned
             argv += ["--revision", spec.revision, "--tokenizer-revision", spec.revision]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal, Mapping
 
 from lib.engines.transport import DEFAULT_PLUGIN_PATH, Transport, deepep_pythonpath, transport_env
+from lib.engines.deepep import DEFAULT_MODE
 
 # A vLLM process's role (lib.engines.base.Role without 'task': vLLM runs one process per node)
 VllmRole = Literal["leader", "worker", "local"]
@@ -41,14 +42,12 @@ VLLM_0_24_BACKENDS = (
 REMOVED_BACKENDS = ("naive", "pplx")
 BACKENDS = tuple(b for b in VLLM_0_24_BACKENDS if b not in REMOVED_BACKENDS)
 
-# DeepEP-V2's two modes, as the `deepep_v2_mode` parameter names them: hybrid (scale-out, then
-# scale-up, through a node's NVLink) or direct (every rank to every rank). vLLM reads the choice
+# DeepEP-V2's mode (lib.engines.deepep.MODES, the `deepep_v2_mode` parameter). vLLM reads the choice
 # from VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE (vLLM #41183 added it: DeepEPV2All2AllManager passes it
 # as ElasticBuffer's allow_hybrid_mode); its default changed under the same argv (declared True
 # but ran as 0: vLLM #54281; "auto select hybrid mode by default": #57991, 2026-10), so the guide
 # always sets it. vLLM 0.24.0 says the value only at DEBUG ("DeepEP v2 all2all args ..."): the
 # serve's recorded env is the record of what each rank was given.
-DEEPEP_V2_MODES = ("hybrid", "direct")
 HYBRID_MODE_VAR = "VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE"
 
 # EP_NUM_COMMS: the multicomm overlay's GinDevCommArray holds at most kMaxNumComms = 16
@@ -74,11 +73,11 @@ def worker_start_rank(ordinal: int, dp_size_local: int) -> int:
 def vllm_env(*, backend: str, ep_num_comms: int, transport: Transport,
              nccl_site: str | Path | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
              extra_env: Mapping[str, str] | None = None,
-             deepep_v2_mode: str = "hybrid") -> dict[str, str]:
+             deepep_v2_mode: str = DEFAULT_MODE) -> dict[str, str]:
     """The environment for one vLLM serve process (any role). `backend` is one of BACKENDS and
     `ep_num_comms` 1..MAX_EP_NUM_COMMS, as the stage's parameters allow; a deepep_* backend on
     one machine comes with `nccl_site` (its model asks for both together); `deepep_v2_mode`
-    one of DEEPEP_V2_MODES (deepep_v2 only)."""
+    one of lib.engines.deepep.MODES (deepep_v2 only)."""
     env = {
         # DeepGEMM kernels off: the public runs served with triton MoE (ANCHORS 1.4), and the
         # H200 machine has no deep_gemm.
@@ -96,7 +95,7 @@ def vllm_env(*, backend: str, ep_num_comms: int, transport: Transport,
     }
     if backend == "deepep_v2":
         # hybrid as the public serve ran it (ANCHORS 1.4, R's extra env) and as measured on two
-        # H200s; always set, whichever mode (DEEPEP_V2_MODES says why)
+        # H200s; always set, whichever mode (the comment above HYBRID_MODE_VAR says why)
         env[HYBRID_MODE_VAR] = "1" if deepep_v2_mode == "hybrid" else "0"
     env.update(transport_env(transport, nccl_site=nccl_site, plugin_path=plugin_path))
     if extra_env:  # set over the contract (lib.engines.base.EngineSpec.extra_env)
@@ -114,7 +113,7 @@ def vllm_serve(role: VllmRole, *, model: str, served_model_name: str | None = No
                python: str | None = None, plugin_path: str = DEFAULT_PLUGIN_PATH,
                expert_parallel: bool = True, deepep_dir: str | Path | None = None,
                inherited_pythonpath: str | None = None,
-               deepep_v2_mode: str = "hybrid") -> tuple[list[str], dict[str, str]]:
+               deepep_v2_mode: str = DEFAULT_MODE) -> tuple[list[str], dict[str, str]]:
     """argv and env (variables to set) for one vLLM serve process.
 
     What the place decided comes as it decided it: the role (``leader`` on node 0 with the

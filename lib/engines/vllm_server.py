@@ -39,6 +39,7 @@ from lib.core.errors import DoorError
 from lib.core.evidence import Gate, gate, read_json, skip
 from lib.engines.server import POLL_INTERVAL_S, Server, poll_until_ready, stop_server
 from lib.engines.vllm_args import vllm_serve
+from lib.engines.deepep import DEFAULT_MODE
 
 LOG_NAME = "vllm.log"
 # The interpreter that runs vLLM's CLI module (a test points it at a double of vLLM).
@@ -192,7 +193,7 @@ def vllm_server(stage, model_dir: str | Path, *, gpus: int,
                 expert_parallel: bool = True, gate_prefix: str = "",
                 log_name: str = LOG_NAME,
                 deepep_dir: str | Path | None = None,
-                deepep_v2_mode: str = "hybrid") -> Iterator[VllmServer]:
+                deepep_v2_mode: str = DEFAULT_MODE) -> Iterator[VllmServer]:
     """Serve model_dir with vLLM on this machine's `gpus` GPUs (2 or more) for the duration of
     the block, waiting up to `timeout_s` for it to be ready (the stage's server_timeout_s).
 

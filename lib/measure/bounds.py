@@ -47,16 +47,15 @@ import numpy as np
 import yaml
 
 from lib.core.door import REPO_ROOT
+from lib.engines.deepep import MODES, Mode  # noqa: F401  (MODES: bounds.MODES, as before)
 from lib.measure.testep import first_case, parse_test_ep_log
 
 LINKS_PATH = Path(__file__).with_name("links.yaml")
 CITED_PATH = Path(__file__).with_name("cited_figures.yaml")
 Phase = Literal["dispatch", "combine"]
-Mode = Literal["hybrid", "direct"]
 DispatchDtype = Literal["fp8", "bf16"]
 CombineDtype = Literal["bf16"]  # DeepEP combines BF16 only
 PHASES: tuple[str, ...] = get_args(Phase)
-MODES: tuple[str, ...] = get_args(Mode)
 DTYPES = {"dispatch": get_args(DispatchDtype), "combine": get_args(CombineDtype)}
 DEFAULT_INSTANCE = "p5en.48xlarge"
 # DeepEP V2's formats as test_ep.py counts them (count_bytes of recv_x, topk_idx, topk_weights):

@@ -21,6 +21,7 @@ from lib.core.evidence import gate, skip
 from lib.engines import server as served, transformers, vllm_server
 from lib.engines.devices import cuda_device_count
 from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, PlaceSpec, RankJob, ServeSpec
+from lib.engines.deepep import DEFAULT_MODE
 
 HOST = "127.0.0.1"
 BUILD_TIMEOUT_S = 4 * 3600.0  # docker build of the image (EFA installer, DeepEP, vLLM)
@@ -191,7 +192,7 @@ class LocalPlace(Place):
                 nccl_site=self.nccl_site(), deepep_dir=self.deepep_dir(),
                 expert_parallel=spec.expert_parallel, timeout_s=spec.timeout_s,
                 ep_num_comms=spec.num_comms,
-                deepep_v2_mode=self.spec.deepep_v2_mode or "hybrid",
+                deepep_v2_mode=self.spec.deepep_v2_mode or DEFAULT_MODE,
                 gate_prefix=spec.gate_prefix,
                 **({"log_name": spec.log_name} if spec.log_name else {})) as server:
             yield server

@@ -26,7 +26,8 @@ from lib.core.params import (COMMIT, IMAGE, KUBE_CONTEXT, MODEL_ID, RUN_ID, SLUR
 from lib.engines import catalog
 from lib.engines import megatron
 from lib.engines import transport as transport_mod
-from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, DEEPEP_V2_MODES, MAX_EP_NUM_COMMS
+from lib.engines.deepep import DEFAULT_MODE as DEFAULT_DEEPEP_V2_MODE, MODES as DEEPEP_V2_MODES
+from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib import places
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
@@ -242,7 +243,7 @@ _PARAMS = [
           "how long to wait for the server to be ready"),
     Param("model_layers", Integer(1, MAX_LAYERS), {"*": 2},
           "decoder layers of the seeded model (both engines; the per-layer shape is the engine's)"),
-    Param("deepep_v2_mode", OneOf(DEEPEP_V2_MODES), {"*": "hybrid"},
+    Param("deepep_v2_mode", OneOf(DEEPEP_V2_MODES), {"*": DEFAULT_DEEPEP_V2_MODE},
           "DeepEP-V2's mode with all2all_backend deepep_v2: hybrid (scale-out and scale-up "
           "ranks in two stages, as the published runs set it) or direct; set explicitly, since "
           "the same argv selects different kernels across vLLM releases (vLLM #54281, #57991): "

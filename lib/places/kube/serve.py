@@ -25,6 +25,7 @@ from lib.places.base import ClusterServer, ServeSpec
 from lib.places.cluster import first_rank_gate, gate_adder, serve_gates, settings_gates
 from lib.places.kube.pods import (PodsNotCreated, PodStuck, held_gate, is_ready, object_name,
                                   phase_of, trouble, where_pod)
+from lib.engines.deepep import DEFAULT_MODE
 
 
 # What a request from inside the cluster runs in the leader pod: python3 is in the image, curl
@@ -91,7 +92,7 @@ def serve(place, spec: ServeSpec) -> Iterator[KubeServer]:
         model_revision=place.spec.model_revision, backend=spec.backend,
         ep_num_comms=spec.num_comms, enforce_eager=spec.enforce_eager,
         hf_token_secret=place.spec.hf_token_secret or None, engine=spec.engine,
-        transport=place.transport_of(spec), deepep_v2_mode=place.spec.deepep_v2_mode or "hybrid")
+        transport=place.transport_of(spec), deepep_v2_mode=place.spec.deepep_v2_mode or DEFAULT_MODE)
     gpus = int(place.spec.gpus_per_node)
     server = KubeServer(spec.model["model_dir"], manifests.HTTP_PORT,
                         stage.path("pods", f"{name}-0.log"), device="cuda", place=place,

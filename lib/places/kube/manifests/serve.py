@@ -38,6 +38,7 @@ from lib.places.kube.manifests.common import (DEFAULT_NAMESPACE, DEFAULT_SERVE_N
                                          http_service_name, labels, rendezvous_host,
                                          run_label_value)
 from lib.roots import pins as pins_mod
+from lib.engines.deepep import DEFAULT_MODE
 
 SERVE_STAGE = "04_serve"  # the stage that renders it (lib.stages.registry's name)
 # Set by the StatefulSet controller on each pod it makes: `<statefulset>-<ordinal>`.
@@ -129,7 +130,7 @@ def engine_commands(*, engine: str, model: str, model_revision: str | None, back
                     enforce_eager: bool, max_model_len: int | None,
                     gpu_memory_utilization: float | None, ep_num_comms: int, plugin_path: str,
                     num_experts: int | None, python: str | None,
-                    transport: str = "efa", deepep_v2_mode: str = "hybrid") -> EngineCommands:
+                    transport: str = "efa", deepep_v2_mode: str = DEFAULT_MODE) -> EngineCommands:
     """What the engine the stage names runs on each node (lib.engines.base's protocol: 0 the
     leader, k > 0 a worker starting at rank k x gpus), the environment every node shares, and
     the regex of its serving process. The package names no engine flag: the engine does."""
@@ -175,7 +176,7 @@ def serve_render(*, run_id: str, image: str, model_cache_dir: str, nodes: int = 
                  memory: str | None = None, tolerations: Sequence[Mapping[str, Any]] | None = None,
                  plugin_path: str = DEFAULT_PLUGIN_PATH, rpc_port: int = DP_RPC_PORT,
                  port: int = HTTP_PORT, engine: str = "vllm",
-                 transport: str = "efa", deepep_v2_mode: str = "hybrid") -> ServeRender:
+                 transport: str = "efa", deepep_v2_mode: str = DEFAULT_MODE) -> ServeRender:
     """Every value of a serve rendering (as vllm_objects lists them), with each node's argv and
     env (engine_commands): the stage's, as its model accepted them (lib.stages.registry: the
     EP divisibility of the model over nodes x GPUs, GPUs per node >= 1 on the kube place,

@@ -417,14 +417,15 @@ def test_two_runs_in_one_namespace_neither_takes_over_nor_deletes_the_other_s_ob
 
 def test_00_fails_a_node_its_pods_cannot_use_naming_the_node(env, tmp_path):
     """Issue 43: a node tainted NoSchedule with a taint the guide's pods do not tolerate, and a
-    node whose allocatable vpc.amazonaws.com/efa is 0 (the EFA device plugin not running), each
-    FAIL 00 naming the node and the fact, although their probes see every device; so does a
+    node whose allocatable vpc.amazonaws.com/efa is 0 (the EFA device plugin not running) and
+    whose allocatable 2 MiB huge pages are fewer than a pod asks, each FAIL 00 naming the node
+    and the fact, although their probes see every device and page; so does a
     node whose kubelet reports disk pressure (the kubelet's own reason and message:
     kubernetes pkg/kubelet/nodestatus/setters.go)."""
     a, b = NODES
     api = env.double._api
     api.patch(f"/api/v1/nodes/{a}/status", {"status": {"allocatable": {
-        manifests.EFA_RESOURCE: "0"}}}, kind="strategic")
+        manifests.EFA_RESOURCE: "0", manifests.HUGEPAGES_RESOURCE: "2Gi"}}}, kind="strategic")
     pressure = {"type": "DiskPressure", "reason": "KubeletHasDiskPressure",
                 "message": "kubelet has disk pressure"}
     api.patch(f"/api/v1/nodes/{b}/status", {"status": {"conditions": [
@@ -442,23 +443,28 @@ def test_00_fails_a_node_its_pods_cannot_use_naming_the_node(env, tmp_path):
     finally:
         api.patch(f"/api/v1/nodes/{b}", {"spec": {"taints": None}}, kind="merge")
         api.patch(f"/api/v1/nodes/{a}/status", {"status": {"allocatable": {
-            manifests.EFA_RESOURCE: "16"}}}, kind="strategic")
+            manifests.EFA_RESOURCE: "16", manifests.HUGEPAGES_RESOURCE: "5120Mi"}}},
+            kind="strategic")
         api.patch(f"/api/v1/nodes/{b}/status", {"status": {"conditions": [
             {**pressure, "status": "False", "reason": "KubeletHasNoDiskPressure",
              "message": "kubelet has no disk pressure"}]}}, kind="strategic")
     failed = fails(stage)
-    assert set(failed) == {f"{a}: EFA devices allocatable",
+    assert set(failed) == {f"{a}: EFA devices allocatable", f"{a}: hugepages-2Mi allocatable",
                            f"{b}: taints the guide's pods tolerate",
                            f"{b}: Ready, no pressure"}, failed
     assert failed[f"{b}: Ready, no pressure"].startswith(
         "the kubelet reports: DiskPressure=True: KubeletHasDiskPressure: kubelet has disk pressure")
     assert "0: the EFA device plugin is not running on the node" in failed[
         f"{a}: EFA devices allocatable"]
+    assert failed[f"{a}: hugepages-2Mi allocatable"] == (
+        "2 MiB huge pages the node offers its pods (allocatable); every rank and serve pod asks "
+        "5120 MiB")
     assert failed[f"{b}: taints the guide's pods tolerate"].endswith(
         "places none on the node: example.com/maintenance=true:NoSchedule")
     passed = {g.gate for g in stage.gates if g.status == "PASS"}
     assert {f"{a}: EFA devices", f"{b}: EFA devices allocatable",
-            f"{a}: taints the guide's pods tolerate", f"{a}: Ready, no pressure"} <= passed
+            f"{a}: taints the guide's pods tolerate", f"{a}: Ready, no pressure",
+            f"{b}: hugepages-2Mi allocatable"} <= passed
     sealed(run, "00_cluster")
     assert env.objects_left() == []
 

@@ -1,7 +1,9 @@
 """00's reading of a Kubernetes Node (lib.places.kube.pods): the taints the guide's pods do not
 tolerate and the conditions that keep pods off a node, from Node objects in the API's own shape
 (the condition reasons and messages are the kubelet's: kubernetes pkg/kubelet/nodestatus)."""
+from lib.places import NodeNeeds
 from lib.places.kube import manifests, pods
+from lib.stages.cluster import schedulable_gates
 
 
 def node(conditions=None, taints=None) -> dict:
@@ -66,3 +68,29 @@ def test_what_keeps_a_pod_off_each_node_is_said_per_node():
     said = pods.nodes_said(pod, [fits, lacking])
     assert said.startswith("p5en-a: offers all the pod asks (other pods hold some of it?) | "
                            "p5en-b: cordoned")
+
+
+def test_a_node_offering_fewer_huge_pages_than_a_pod_asks_fails_00_naming_it():
+    """The kubelet advertises hugepages-2Mi only for pages the node pre-allocated; 00 gates the
+    amount against what every rank and serve pod asks (manifests.HUGEPAGES_2MI), PASS at
+    exactly that, FAIL below it with the node's name and the figures."""
+    asked = pods.quantity_bytes(manifests.HUGEPAGES_2MI)
+    needs = NodeNeeds(gpus=8, efa=16, gdrdrv=True, hugepages=True, hugepages_bytes=asked)
+
+    def hugepages_gate(offered: str | None):
+        n = node()
+        if offered is not None:
+            n["status"]["allocatable"][manifests.HUGEPAGES_RESOURCE] = offered
+        got = {g.gate: g for g in schedulable_gates(pods.node_facts(n, {}), needs, [],
+                                                     lambda g: f"p5en-a: {g}")}
+        return got["p5en-a: hugepages-2Mi allocatable"]
+
+    assert asked == 5120 * 2 ** 20
+    enough = hugepages_gate("5Gi")  # 5120Mi, as the API server writes it back
+    assert (enough.status, enough.observed, enough.expected) == ("PASS", "5120 MiB", ">= 5120 MiB")
+    short = hugepages_gate("2Gi")
+    assert (short.status, short.observed) == ("FAIL", "2048 MiB")
+    none = hugepages_gate(None)
+    assert none.status == "FAIL" and none.reason.endswith(
+        "; 0: none pre-allocated on the node (kernel boot parameters hugepagesz=2M hugepages=N, "
+        "or vm.nr_hugepages)")

@@ -193,6 +193,7 @@ class NodeNeeds:
     efa: int | None
     gdrdrv: bool
     hugepages: bool
+    hugepages_bytes: int | None = None  # 2 MiB pages each of the later stages' pods asks for
     no_gpus: str = ""
     no_efa: str = ""
     no_gdrdrv: str = ""

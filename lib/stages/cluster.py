@@ -91,6 +91,15 @@ def schedulable_gates(facts: dict, needs: NodeNeeds, evidence: list[str], name) 
                           f"plugin's count); every rank and serve pod asks {needs.efa}"
                           + ("; 0: the EFA device plugin is not running on the node"
                              if offered == 0 else ""), evidence))
+    if "hugepages_2mi_bytes" in facts and needs.hugepages_bytes:
+        offered, asked = facts["hugepages_2mi_bytes"], needs.hugepages_bytes
+        gates.append(gate(name("hugepages-2Mi allocatable"), offered >= asked,
+                          f"{offered // 2 ** 20} MiB", f">= {asked // 2 ** 20} MiB",
+                          f"2 MiB huge pages the node offers its pods (allocatable); every rank "
+                          f"and serve pod asks {asked // 2 ** 20} MiB"
+                          + ("; 0: none pre-allocated on the node (kernel boot parameters "
+                             "hugepagesz=2M hugepages=N, or vm.nr_hugepages)"
+                             if offered == 0 else ""), evidence))
     if "troubled_conditions" in facts:
         trouble = facts["troubled_conditions"]
         gates.append(gate(name("Ready, no pressure"), not trouble, trouble or "Ready",

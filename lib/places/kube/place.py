@@ -45,7 +45,7 @@ from lib.places.cluster import CONFIG_SCRIPT, DEEPEP_IN_IMAGE, pinned_model, ran
 from lib.places.kube import aiperf, serve as serving, waits
 from lib.places.kube.files import guide_files
 from lib.places.kube.pods import (PodStuck, exit_code, is_finished, node_facts, object_name,
-                                  pod_record, probe_facts, ran_when, stage_selector)
+                                  pod_record, probe_facts, quantity_bytes, ran_when, stage_selector)
 from lib.places.kube.retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
 from lib.places.kube.serve import KubeServer  # the serve's handle, with its requests
 
@@ -153,7 +153,8 @@ class KubePlace(Place):
 
     def node_needs(self) -> NodeNeeds:
         return NodeNeeds(gpus=self.spec.gpus_per_node, efa=self.spec.efa_per_node, gdrdrv=True,
-                         hugepages=True)
+                         hugepages=True,
+                         hugepages_bytes=quantity_bytes(manifests.HUGEPAGES_2MI))
 
     def host_facts(self) -> list[dict[str, Any]]:
         version = self._run("version", "-o", "json")

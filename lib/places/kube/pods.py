@@ -80,10 +80,10 @@ def node_facts(node: dict, versions: dict) -> dict[str, Any]:
         "untolerated_taints": untolerated(node),
         "troubled_conditions": troubled(node),
         "cpu_cores": _cpu(alloc.get("cpu", "0")),
-        "memory_gib": round(_bytes(alloc.get("memory", "0")) / 2 ** 30, 1),
+        "memory_gib": round(quantity_bytes(alloc.get("memory", "0")) / 2 ** 30, 1),
         "gpus": [{"index": i} for i in range(int(alloc.get(manifests.GPU_RESOURCE, 0)))],
         "efa_allocatable": int(alloc.get(manifests.EFA_RESOURCE, 0)),
-        "hugepages_2mi_bytes": _bytes(alloc.get("hugepages-2Mi", "0")),
+        "hugepages_2mi_bytes": quantity_bytes(alloc.get("hugepages-2Mi", "0")),
         "kubectl_client": (versions.get("clientVersion") or {}).get("gitVersion"),
         "cluster_access": (f"kube-apiserver {(versions.get('serverVersion') or {}).get('gitVersion')}"
                            if versions.get("serverVersion") else None),
@@ -152,7 +152,7 @@ def unschedulable(pod: dict) -> str | None:
 
 
 def _quantity(resource: str, value: str) -> float:
-    return _cpu(value) if resource == "cpu" else float(_bytes(value))
+    return _cpu(value) if resource == "cpu" else float(quantity_bytes(value))
 
 
 def pod_requests(pod: dict) -> dict[str, str]:
@@ -231,7 +231,8 @@ _UNITS = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "k": 10 **
           "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12}
 
 
-def _bytes(quantity: str) -> int:
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity ('5120Mi', '5Gi', '16') in bytes or units."""
     for unit, factor in _UNITS.items():
         if quantity.endswith(unit):
             return int(float(quantity[:-len(unit)]) * factor)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -131,6 +132,30 @@ def load(driver, url: str) -> None:
     """Open `url` with an empty console log, so console_errors sees this page's entries only."""
     driver.get_log("browser")  # get_log drains: what an earlier page left goes here
     driver.get(url)  # returns after the load event
+    phone = getattr(driver, "emulated_phone", None)
+    if phone:
+        settle_on_phone_width(driver, phone[0])
+
+
+# A page of a new origin gets a renderer of its own; under load it was seen laid out at another
+# width when its load event fired (a test on a busy machine read no stacked table where an idle
+# one reads two), the emulated screen's resize coming later and the book's script re-fitting
+# its tables 100 ms after that (book/_ext/table_fit.py).
+PHONE_SETTLE_S = 5.0
+REFIT_AFTER_RESIZE_S = 0.3
+
+
+def settle_on_phone_width(driver, width: int) -> None:
+    """Until the page is laid out at the emulated phone's width; if it had to wait, until the
+    book's script has fitted the tables again."""
+    deadline, waited = time.monotonic() + PHONE_SETTLE_S, False
+    while driver.execute_script("return document.documentElement.clientWidth") > width:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the page was never laid out at the phone's {width} px")
+        waited = True
+        time.sleep(0.05)
+    if waited:
+        time.sleep(REFIT_AFTER_RESIZE_S)
 
 
 def screenshot(driver, path: Path) -> Path:

@@ -23,7 +23,7 @@ from lib.core import evidence
 from lib.core.door import REPO_ROOT, Door, read_transcript
 from lib.core.stage import Stage
 from lib.engines import transformers
-from lib.places import NodeNeeds, RankJob, ServeSpec, Unsupported
+from lib.places import RankJob, ServeSpec, Unsupported
 from lib.places.local import LocalPlace
 from lib.places.slurm import parse, sbatch
 from lib.places.slurm.plan import SlurmPlan
@@ -320,8 +320,10 @@ def test_stage_00_probes_both_nodes(cluster, tmp_path):
         assert gates[f"{name}: hugepages"].status == "FAIL"
     assert place.gpus() == 0
     needs = place.node_needs()
-    assert needs == NodeNeeds(8, 16, True, True, needs.no_gpus, needs.no_efa, needs.no_gdrdrv,
-                              needs.no_hugepages, needs.no_cluster_access)
+    # the counts the p5en brings, the EFA path's needs; no hugepages amount (a Slurm job asks
+    # none: the node's pre-allocated pages are the job's)
+    assert (needs.gpus, needs.efa, needs.gdrdrv, needs.hugepages, needs.hugepages_bytes) == (
+        8, 16, True, True, None)
     assert len(place.jobs) == 1
     assert_nothing_left(cluster)
 

@@ -88,8 +88,8 @@ unit: venv kube-plane slurm chromium
 	$(MAKE) --no-print-directory cluster-tests
 
 # The cluster files as three pytest processes side by side, one worker each: the kube files,
-# the kube A/Bs, LeaderWorkerSet and faults (marked `cluster_c`), and the Slurm files
-# (marked `cluster_b`, tests/conftest.py); they share no daemon, port or file (each kube
+# the kube serving A/B on two nodes, LeaderWorkerSet and faults (marked `cluster_c`), and the
+# Slurm files (marked `cluster_b`, tests/conftest.py); they share no daemon, port or file (each kube
 # module starts its own control plane on free ports); each line is prefixed with its group,
 # each prints its own durations, and the phase fails if any does.
 CLUSTER_TESTS := $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests -m

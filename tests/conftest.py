@@ -87,20 +87,20 @@ SLURM_CLUSTER_FILES = ("test_slurm_place.py", "test_slurm_engines.py", "test_slu
                        "test_slurm_faults.py", "test_train_cluster.py")
 # make test's second cluster process (marked `cluster_b`): the Slurm files
 SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES
-# make test's third cluster process (marked `cluster_c`): the kube files of the two-node A/Bs,
-# the LeaderWorkerSet and the kube faults, each module with a control plane of its own on free
-# ports (tests/kube_env.py), so the three processes end near together (measured on a fresh
-# clone with the faults beside the Slurm files: kube 283 s, A/Bs and LWS 225 s, Slurm and the
-# faults 503 s, the faults ~200 s of it)
-THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py",
-                       "test_kube_transport_ab.py", "test_kube_faults.py")
-# The longest files start first, so that the workers end together (measured with --durations,
-# a worker's seconds each: test_interrupt.py ~400, the vLLM-double files ~130 (stages), ~110
-# (deepep_06) and ~70 (answers) on an idle machine, then ~100 down to ~30).
-LONGEST_FIRST = ("test_interrupt.py", "test_vllm_stages.py", "test_vllm_deepep_06.py",
-                 "test_vllm_answers.py", "test_serve.py", "test_sweep.py", "test_book.py",
-                 "test_bench_moe_a2a.py", "test_places.py", "test_guide.py", "test_load.py",
-                 "test_kernel_test_ep.py")
+# make test's third cluster process (marked `cluster_c`): the kube files of the serving A/B on
+# two nodes, the LeaderWorkerSet and the kube faults, each module with a control plane of its
+# own on free ports (tests/kube_env.py), so the three processes end near together (measured on
+# a fresh machine, 2026-12-07, with the transport A/B here too: kube 265 s, Slurm 331 s, this
+# one 370 s; the transport A/B, ~55 s, went to the first)
+THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py", "test_kube_faults.py")
+# The longest files start first, so that the workers end together (measured with --durations=0
+# in make test's unit phase on a fresh 2-core machine, 2026-12-07, a worker's seconds each: the
+# vLLM-double files ~220 (deepep_06), ~180 (stages), ~145 (answers, at eight AIPerf cells; four
+# since), test_interrupt.py ~105, then ~70 down to ~40).
+LONGEST_FIRST = ("test_vllm_deepep_06.py", "test_vllm_stages.py", "test_interrupt.py",
+                 "test_vllm_answers.py", "test_book_browser.py", "test_book.py", "test_serve.py",
+                 "test_places.py", "test_bench_moe_a2a.py", "test_sweep.py", "test_guide.py",
+                 "test_kernel_test_ep.py", "test_load.py")
 
 
 def pytest_configure(config):
@@ -111,8 +111,9 @@ def pytest_configure(config):
                                        "process (the Slurm files), run beside the first (the "
                                        "kube stages)")
     config.addinivalue_line("markers", "cluster_c: a cluster test of make test's third "
-                                       "process (the kube A/Bs, the LeaderWorkerSet and the "
-                                       "kube faults), run beside the other two")
+                                       "process (the serving A/B on two kube nodes, the "
+                                       "LeaderWorkerSet and the kube faults), run beside "
+                                       "the other two")
 
 
 def pytest_collection_modifyitems(config, items):

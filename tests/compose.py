@@ -384,7 +384,8 @@ BACKEND_CLASSES = {  # vLLM's class names per backend (lib.engines.vllm_logs MAN
 # os._exit(3), when anything constructs DeepEP's legacy deep_ep.Buffer.
 # patches/0002-vllm-deepep-v2-elastic-buffer-timeouts.patch's print, once per rank
 TIMEOUTS_LINE = ("[guide-0002] DeepEPV2All2AllManager rank {rank}/{world}: ElasticBuffer "
-                 "num_gpu_timeout_secs={gpu} num_cpu_timeout_secs={cpu}")
+                 "num_gpu_timeout_secs={gpu} num_cpu_timeout_secs={cpu} "
+                 "allow_hybrid_mode={hybrid}")
 SITECUSTOMIZE_LEGACY_LINE = "[t3-patch] FATAL: legacy deep_ep.Buffer constructed on EFA"
 # vLLM 0.24.0's engine core when its worker process dies (recorded, vllm-graphs-ep-1.log):
 DIED_LINE = ("ERROR {ts} [multiproc_executor.py:284] Worker proc VllmWorker-0 died unexpectedly, "
@@ -460,7 +461,8 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
                       sitecustomize_legacy_rank: int | None = None,
                       dead_rank: int | None = None, tag: str = "",
                       elastic_timeouts: tuple[int, int] | None = (600, 600),
-                      drop_timeouts_rank: int | None = None) -> list[Path]:
+                      drop_timeouts_rank: int | None = None,
+                      allow_hybrid_mode: bool = True) -> list[Path]:
     """(d) vLLM expert-parallel serve at DP ``dp_size`` on ``dp_size // dp_local`` pods (leader,
     then headless workers), one log per pod, renumbered from the 2-GPU deepep_v2 recording:
     "[EP Rank 0/16] ... Local/global number of experts: 8/128" and the manager on the leader,
@@ -480,7 +482,8 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
     is); no pod logs ready). ``elastic_timeouts`` (GPU, CPU seconds): each deepep_v2 rank's
     worker prints the line of this guide's vLLM patch 0002, which the image applies (Layer 7b),
     after its communicator; its format is the patch's own print (no served run has recorded it
-    yet); None: an image without 0002 (no line); ``drop_timeouts_rank`` (that rank prints none).
+    yet); None: an image without 0002 (no line); ``drop_timeouts_rank`` (that rank prints none);
+    ``allow_hybrid_mode``: the DeepEP-V2 mode that line says each rank passed (hybrid: True).
 
     Not faithful: the model is the recording's tiny MoE (/models/moe) with its expert count set
     to ``num_experts``; sizes, KV cache and times are the 2-GPU recording's; API servers after
@@ -609,7 +612,7 @@ def compose_vllm_pods(dest: Path, *, dp_size: int = 16, dp_local: int = 8,
                     if backend == "deepep_v2" and elastic_timeouts and g != drop_timeouts_rank:
                         out.append(f"({who} pid={worker_pid(g)}) " + TIMEOUTS_LINE.format(
                             rank=g, world=dp_size, gpu=elastic_timeouts[0],
-                            cpu=elastic_timeouts[1]))
+                            cpu=elastic_timeouts[1], hybrid=allow_hybrid_mode))
                     if sitecustomize_legacy_rank == g:
                         # the all-to-all is built right after the communicator: the hook's trap
                         out.append(f"({who} pid={worker_pid(g)}) {SITECUSTOMIZE_LEGACY_LINE}")

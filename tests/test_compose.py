@@ -113,12 +113,13 @@ def test_dp16_cluster_serve_gates_patch_0002s_timeouts_on_every_rank_of_the_imag
              / "0002-vllm-deepep-v2-elastic-buffer-timeouts.patch").read_text()
     for piece in ('f"[guide-0002] DeepEPV2All2AllManager rank {self.rank}/{self.world_size}: "',
                   "f\"ElasticBuffer num_gpu_timeout_secs={self._timeouts['num_gpu_timeout_secs']} \"",
-                  "f\"num_cpu_timeout_secs={self._timeouts['num_cpu_timeout_secs']}\""):
+                  "f\"num_cpu_timeout_secs={self._timeouts['num_cpu_timeout_secs']} \"",
+                  'f"allow_hybrid_mode={envs.VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE}"'):
         assert piece in patch, piece
-    assert vllm_logs._TIMEOUTS_RE.search(compose.TIMEOUTS_LINE.format(rank=0, world=16, gpu=600,
-                                                                      cpu=600))
+    assert vllm_logs._TIMEOUTS_RE.search(compose.TIMEOUTS_LINE.format(
+        rank=0, world=16, gpu=600, cpu=600, hybrid=True)).group(5) == "True"
 
-    def timeouts(**variant):
+    def timeouts(gate: str = "timeouts", mode: str = "hybrid", **variant):
         logs = {p.name: read_log(p) for p in compose.compose_vllm_pods(tmp_path / str(variant),
                                                                        **variant)}
         leader = next(text for name, text in logs.items() if name.endswith("leader.log"))
@@ -127,12 +128,26 @@ def test_dp16_cluster_serve_gates_patch_0002s_timeouts_on_every_rank_of_the_imag
                               api_servers=8, log_name="leader.log", evidence=sorted(logs))
         # beside the backend gates, not among them: the serve is still deepep_v2 without it
         assert "elastic_buffer_timeouts_per_rank" not in by_name(backend)
-        (got,) = settings_gates("vllm", logs, backend="deepep_v2", nodes=2, gpus_per_node=8,
-                                evidence=sorted(logs))
-        return got
+        got = by_name(settings_gates("vllm", logs, backend="deepep_v2", nodes=2,
+                                     gpus_per_node=8, evidence=sorted(logs),
+                                     deepep_v2_mode=mode))
+        assert set(got) == {"elastic_buffer_timeouts_per_rank", "deepep_v2_mode_per_rank"}
+        return got["elastic_buffer_timeouts_per_rank"] if gate == "timeouts" else got[
+            "deepep_v2_mode_per_rank"]
 
     ok = timeouts()
     assert ok["status"] == "PASS" and ok["observed"]["ranks"] == list(range(16))
+    # the DeepEP-V2 mode each rank passed ElasticBuffer, from the same line
+    ran = timeouts(gate="mode")
+    assert ran["status"] == "PASS" and ran["observed"] == {"ranks": list(range(16)),
+                                                           "allow_hybrid_mode": ["True"]}
+    direct = timeouts(gate="mode", mode="direct")
+    assert direct["status"] == "FAIL" and direct["reason"].startswith(
+        "rank(s) 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 passed ElasticBuffer "
+        "allow_hybrid_mode=True: not the direct mode the serve was given")
+    assert timeouts(gate="mode", mode="direct", allow_hybrid_mode=False)["status"] == "PASS"
+    unsaid = timeouts(gate="mode", drop_timeouts_rank=3)
+    assert unsaid["status"] == "FAIL" and "from rank(s) 3 of 16" in unsaid["reason"]
     bare = timeouts(elastic_timeouts=None)
     assert bare["status"] == "FAIL" and bare["observed"]["missing"] == list(range(16))
     one = timeouts(drop_timeouts_rank=11)

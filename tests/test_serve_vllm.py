@@ -426,12 +426,13 @@ def test_a_site_that_applied_0002_gates_its_timeouts_on_every_rank(tmp_path, ran
                                                                     status, words):
     """run.json says the run's vLLM site applied patch 0002: the recorded deepep_v2 log (served
     before 0002: no rank says its timeouts) FAILs naming both ranks; with the patch's line after
-    the manager's (its print, per rank) from one rank, the other is named; from both, PASS."""
+    the manager's (its print, per rank) from one rank, the other is named; from both, PASS; the
+    DeepEP-V2 mode gate, read from the same line, alike."""
     real = DEEPEP_LOG.read_text().splitlines()
     at = next(i for i, l in enumerate(real) if "Using DeepEPV2All2AllManager" in l) + 1
     said = [f"(Worker_DP{r}_EP{r} pid={3397 + r}) [guide-0002] DeepEPV2All2AllManager rank "
-            f"{r}/2: ElasticBuffer num_gpu_timeout_secs=600 num_cpu_timeout_secs=600"
-            for r in ranks_saying]
+            f"{r}/2: ElasticBuffer num_gpu_timeout_secs=600 num_cpu_timeout_secs=600 "
+            f"allow_hybrid_mode=True" for r in ranks_saying]
     log = tmp_path / "vllm-deepep_v2-with-0002.log"
     log.write_text("\n".join(real[:at] + said + real[at:]) + "\n")
     double, _ = make_double(tmp_path, log)
@@ -447,6 +448,11 @@ def test_a_site_that_applied_0002_gates_its_timeouts_on_every_rank(tmp_path, ran
     timeouts = by_name(stage.gates)["elastic_buffer_timeouts_per_rank"]
     assert timeouts.status == status and words in timeouts.reason, timeouts
     assert len(timeouts.evidence) == len(ranks_saying)
+    # the same line says the DeepEP-V2 mode each rank passed ElasticBuffer: hybrid, as given
+    # (VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE=1, the default mode)
+    mode = by_name(stage.gates)["deepep_v2_mode_per_rank"]
+    assert mode.status == status, mode
+    assert mode.observed["ranks"] == list(ranks_saying)
 
 
 def test_allgather_log_while_deepep_v2_requested_fails_naming_the_built_manager(tmp_path):

@@ -343,10 +343,12 @@ def transport_gates(log_text: str, world: int, transport: str, *,
 # --- ElasticBuffer's timeouts, as the guide's vLLM patch 0002 says them on every rank ----------
 # patches/0002-vllm-deepep-v2-elastic-buffer-timeouts.patch prints, once per process:
 #   "[guide-0002] DeepEPV2All2AllManager rank R/W: ElasticBuffer num_gpu_timeout_secs=G
-#    num_cpu_timeout_secs=C"
+#    num_cpu_timeout_secs=C allow_hybrid_mode=H"
+# (H: vllm.envs.VLLM_DEEPEP_V2_ALLOW_HYBRID_MODE, a bool, what the manager passes ElasticBuffer)
 TIMEOUTS_PIN = "vllm_patch_deepep_v2_timeouts"
 _TIMEOUTS_RE = re.compile(r"\[guide-0002\] DeepEPV2All2AllManager rank (\d+)/(\d+): ElasticBuffer "
-                          r"num_gpu_timeout_secs=(\d+) num_cpu_timeout_secs=(\d+)")
+                          r"num_gpu_timeout_secs=(\d+) num_cpu_timeout_secs=(\d+)"
+                          r"(?: allow_hybrid_mode=(True|False))?")
 
 
 # what a cluster serve's software applied: the guide's image applies 0002 in its Layer 7b
@@ -401,6 +403,45 @@ def elastic_timeouts_gate(log_text: str, world: int, *, site_patches: list[dict]
     return gate(name, True, observed, expected,
                 f"every rank of {world} built ElasticBuffer with GPU {gpu_s} s / CPU {cpu_s} s "
                 "(patch 0002's line, one per rank)", evidence[:64]).as_dict()
+
+
+def deepep_v2_mode_gate(log_text: str, world: int, mode: str, *,
+                        site_patches: list[dict] | None, log_name: str = "log") -> list[dict]:
+    """Gate: every rank 0..world-1 passed ElasticBuffer the DeepEP-V2 mode the serve was given
+    (`mode`, hybrid or direct: allow_hybrid_mode True or False), as patch 0002's line says; vLLM
+    0.24.0 itself logs it only at DEBUG, and its default changed under the same argv (vLLM
+    #54281, #57991). None where the site applied no 0002: no rank says it (every run recorded
+    before this gate), and 04's "DeepEP-V2 mode given to every rank" is then what is known."""
+    name = "deepep_v2_mode_per_rank"
+    if TIMEOUTS_PIN not in applied_patches(site_patches):
+        return []
+    hybrid = mode == "hybrid"
+    seen: dict[int, bool | None] = {}
+    evidence = []
+    for i, line in enumerate(_lines(log_text), 1):
+        m = _TIMEOUTS_RE.search(line)
+        if not m or int(m.group(2)) != world:
+            continue
+        seen[int(m.group(1))] = None if m.group(5) is None else m.group(5) == "True"
+        evidence.append(_quote(log_name, i, line))
+    missing = [r for r in range(world) if seen.get(r) is None]
+    wrong = sorted(r for r, ran in seen.items() if ran is not None and ran != hybrid)
+    observed = {"ranks": sorted(r for r, ran in seen.items() if ran is not None),
+                "allow_hybrid_mode": sorted({str(ran) for ran in seen.values() if ran is not None})}
+    expected = {"ranks": list(range(world)), "allow_hybrid_mode": str(hybrid)}
+    if wrong:
+        return [gate(name, False, observed, expected,
+                     f"rank(s) {', '.join(map(str, wrong))} passed ElasticBuffer "
+                     f"allow_hybrid_mode={not hybrid}: not the {mode} mode the serve was given",
+                     evidence[:64]).as_dict()]
+    if missing:
+        return [gate(name, False, observed, expected,
+                     f"no rank line saying allow_hybrid_mode from rank(s) "
+                     f"{', '.join(map(str, missing))} of {world}, though the site applied "
+                     f"{TIMEOUTS_PIN}", evidence[:64]).as_dict()]
+    return [gate(name, True, observed, expected,
+                 f"every rank of {world} passed ElasticBuffer allow_hybrid_mode={hybrid} (the "
+                 f"{mode} mode; patch 0002's line, one per rank)", evidence[:64]).as_dict()]
 
 
 # --- startup time -------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from lib.engines import vllm_logs
 from lib.core.errors import DoorError
 from lib.core.evidence import Gate, gate, read_json, skip
 from lib.engines.server import POLL_INTERVAL_S, Server, poll_until_ready, stop_server
-from lib.engines.vllm_args import vllm_serve
+from lib.engines.vllm_args import HYBRID_MODE_VAR, vllm_serve
 from lib.engines.deepep import DEFAULT_MODE
 
 LOG_NAME = "vllm.log"
@@ -171,9 +171,13 @@ def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], 
         add(g)
     add(vllm_logs.per_rank_nccl(text, server.gpus, log_name=log_name))
     if expert_parallel and server.backend == "deepep_v2":  # patch 0002's line, where applied
-        add(vllm_logs.elastic_timeouts_gate(text, server.gpus,
-                                            site_patches=run_site_patches(stage),
+        patches = run_site_patches(stage)
+        add(vllm_logs.elastic_timeouts_gate(text, server.gpus, site_patches=patches,
                                             log_name=log_name))
+        given = "hybrid" if server.env.get(HYBRID_MODE_VAR) == "1" else "direct"
+        for g in vllm_logs.deepep_v2_mode_gate(text, server.gpus, given, site_patches=patches,
+                                               log_name=log_name):
+            add(g)
     failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
     asked = (f"backend {server.backend}" if expert_parallel else "no expert parallelism")
     print(f"{gate_prefix + ': ' if gate_prefix else ''}{asked}, "

@@ -72,10 +72,12 @@ def serve_gates(engine: str, leader: str, logs: dict[str, str], *, backend: str,
 
 
 def settings_gates(engine: str, logs: dict[str, str], *, backend: str, nodes: int,
-                   gpus_per_node: int, evidence: list[str]) -> list[dict]:
+                   gpus_per_node: int, evidence: list[str],
+                   deepep_v2_mode: str | None = None) -> list[dict]:
     """What every pod's (node's) log proves of the settings the serve asked beyond its backend
     (lib.engines.base.Engine.settings_gates), gated beside the backend gates, not among them."""
-    spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend)
+    spec = EngineSpec(model="", nodes=nodes, gpus_per_node=gpus_per_node, backend=backend,
+                      deepep_v2_mode=deepep_v2_mode)
     return catalog.engine(engine).settings_gates(logs, spec, evidence=evidence)
 
 

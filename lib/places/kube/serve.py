@@ -173,5 +173,6 @@ def gate_serve(place, server: KubeServer, spec: ServeSpec, add, lws: bool) -> No
             transport=place.transport_of(spec), deepep_v2_mode=place.spec.deepep_v2_mode)
         for g in (server.backend_gates or []) + settings_gates(
                 spec.engine, logs, backend=spec.backend, nodes=spec.nodes,
-                gpus_per_node=gpus, evidence=evidence):
+                gpus_per_node=gpus, evidence=evidence,
+                deepep_v2_mode=place.spec.deepep_v2_mode):
             add(g)

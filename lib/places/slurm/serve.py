@@ -371,7 +371,8 @@ class SlurmServing:
             deepep_v2_mode=place.spec.deepep_v2_mode)
         for g in (server.backend_gates or []) + settings_gates(
                 spec.engine, logs, backend=spec.backend, nodes=len(server.nodes),
-                gpus_per_node=gpus_per_node, evidence=evidence):
+                gpus_per_node=gpus_per_node, evidence=evidence,
+                deepep_v2_mode=place.spec.deepep_v2_mode):
             add(g)
 
     def _settled_log(self, server: SlurmServer, engine, api_servers: int, started: float,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tenacity import Retrying, retry_if_result, wait_exponential, wait_fixed
+
 from lib.core.evidence import Gate, gate
 from lib.engines import catalog
 from lib.engines.base import EngineSpec
@@ -135,18 +137,24 @@ def wait_until(door, look: Callable[[Callable[[], float]], tuple[bool, Any]], ti
     start = door.now() if started is None else started
     if what:
         print(f"waiting up to {timeout_s:.0f} s for {what}", flush=True)
-    delay = poll_s
-    while True:
-        reading: list[float] = []
+    reading: list[float] = []  # this look's one clock reading, when one was asked for
 
-        def elapsed() -> float:
-            if not reading:
-                reading.append(door.now() - start)
-            return reading[0]
+    def elapsed() -> float:
+        if not reading:
+            reading.append(door.now() - start)
+        return reading[0]
 
-        done, value = look(elapsed)
-        if done or elapsed() >= timeout_s:
-            return value
-        door.sleep(delay)
-        if max_poll_s is not None:
-            delay = min(delay * 2, max_poll_s)
+    def one_look() -> tuple[bool, Any]:
+        reading.clear()
+        return look(elapsed)
+
+    # tenacity's loop, on the door's clock and sleep (recorded, replayed): a look not done is
+    # looked again after the wait, unless its elapsed() says the time is up
+    looking = Retrying(
+        retry=retry_if_result(lambda got: not got[0]),
+        stop=lambda state: elapsed() >= timeout_s,
+        wait=(wait_exponential(multiplier=poll_s, max=max_poll_s) if max_poll_s is not None
+              else wait_fixed(poll_s)),
+        sleep=door.sleep,
+        retry_error_callback=lambda state: state.outcome.result())
+    return looking(one_look)[1]

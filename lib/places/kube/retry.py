@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from tenacity import Retrying, retry_if_result, wait_exponential
+
 from lib.core.door import CallResult
 from lib.core.errors import PlaceError
 from lib.places.kube.pods import foreign_objects
@@ -88,21 +90,25 @@ def run_retrying(door, argv: list[str], *, timeout: float, budget_s: float = API
     if verb not in SAFE_VERBS:
         raise ValueError(f"kubectl {verb!r} is not retried blindly (safe: "
                          f"{', '.join(SAFE_VERBS)}; apply goes through apply_landed)")
-    call = door.run(argv, timeout=timeout, check=False)
-    if not is_transient(call):
-        return call
-    started, delay, tries = door.now(), FIRST_DELAY_S, 1
-    while door.now() - started < budget_s:
+    clock: list[float] = []  # the door's clock once the first try failed
+
+    def out_of_time(state) -> bool:
+        if not clock:
+            clock.append(door.now())
+        return door.now() - clock[0] >= budget_s
+
+    def said_retry(state) -> None:
+        call = state.outcome.result()
         said = (call.stderr or call.stdout).strip().splitlines()[-1:] or [""]
         say(f"kubectl {verb}: the API server did not answer ({said[0][:160]}); "
-            f"try {tries + 1} in {delay:.0f} s")
-        door.sleep(delay)
-        delay = min(delay * 2, MAX_DELAY_S)
-        call = door.run(argv, timeout=timeout, check=False)
-        tries += 1
-        if not is_transient(call):
-            return call
-    return call
+            f"try {state.attempt_number + 1} in {state.next_action.sleep:.0f} s")
+
+    # tenacity's loop on the door's clock and sleep: every try a recorded call, replayed in turn
+    trying = Retrying(retry=retry_if_result(is_transient), stop=out_of_time,
+                      wait=wait_exponential(multiplier=FIRST_DELAY_S, max=MAX_DELAY_S),
+                      sleep=door.sleep, before_sleep=said_retry,
+                      retry_error_callback=lambda state: state.outcome.result())
+    return trying(lambda: door.run(argv, timeout=timeout, check=False))
 
 
 def found_all(get_call: CallResult, expected: int) -> bool:

@@ -91,7 +91,8 @@ SECOND_PROCESS_FILES = SLURM_CLUSTER_FILES
 # two nodes, the LeaderWorkerSet and the kube faults, each module with a control plane of its
 # own on free ports (tests/kube_env.py), so the three processes end near together (measured on
 # a fresh machine, 2026-12-07, with the transport A/B here too: kube 265 s, Slurm 331 s, this
-# one 370 s; the transport A/B, ~55 s, went to the first)
+# one 370 s; the transport A/B, ~55 s, went to the first; then, on a fresh clone: kube 310 s,
+# Slurm 315 s, this one 307 s)
 THIRD_PROCESS_FILES = ("test_kube_lws.py", "test_kube_ab_two_nodes.py", "test_kube_faults.py")
 # The longest files start first, so that the workers end together (measured with --durations=0
 # in make test's unit phase on a fresh 2-core machine, 2026-12-07, a worker's seconds each: the

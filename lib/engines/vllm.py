@@ -80,14 +80,12 @@ class VllmEngine(Engine):
             return []
         # ElasticBuffer's timeouts and DeepEP-V2 mode, patch 0002's line on every rank (the
         # image applies it)
-        every, sources = "\n".join(logs.values()), ", ".join(evidence)
-        return [vllm_logs.elastic_timeouts_gate(
-            every, spec.dp_size, site_patches=vllm_logs.IMAGE_SITE_PATCHES,
+        return vllm_logs.patch_0002_gates(
+            "\n".join(logs.values()), spec.dp_size, mode=spec.deepep_v2_mode or DEFAULT_MODE,
+            site_patches=vllm_logs.IMAGE_SITE_PATCHES,
             gpu_s=int(spec.extra_env.get(GPU_TIMEOUT_VAR, ELASTIC_TIMEOUT_S)),
             cpu_s=int(spec.extra_env.get(CPU_TIMEOUT_VAR, ELASTIC_TIMEOUT_S)),
-            log_name=sources)] + vllm_logs.deepep_v2_mode_gate(
-            every, spec.dp_size, spec.deepep_v2_mode or DEFAULT_MODE,
-            site_patches=vllm_logs.IMAGE_SITE_PATCHES, log_name=sources)
+            log_name=", ".join(evidence))
 
     def first_fatal(self, text: str) -> str | None:
         return vllm_logs.first_fatal_line(text)

@@ -364,6 +364,32 @@ def applied_patches(site_patches: list[dict] | None) -> set[str]:
             if p.get("unchanged", True)}
 
 
+def patch_0002_lines(log_text: str, world: int,
+                     log_name: str = "log") -> tuple[dict[int, re.Match], list[str]]:
+    """Patch 0002's line of each rank of a world of `world` ({rank: its match}, the last one of
+    a rank that said it twice) and every such line quoted, in the log's order."""
+    said: dict[int, re.Match] = {}
+    evidence = []
+    for i, line in enumerate(_lines(log_text), 1):
+        m = _TIMEOUTS_RE.search(line)
+        if m and int(m.group(2)) == world:
+            said[int(m.group(1))] = m
+            evidence.append(_quote(log_name, i, line))
+    return said, evidence
+
+
+def patch_0002_gates(log_text: str, world: int, *, mode: str,
+                     site_patches: list[dict] | None,
+                     gpu_s: int = _transport.ELASTIC_TIMEOUT_S,
+                     cpu_s: int = _transport.ELASTIC_TIMEOUT_S,
+                     log_name: str = "log") -> list[dict]:
+    """What patch 0002's line says on every rank, gated: ElasticBuffer's timeouts (a SKIP where
+    the site applied no 0002) and the DeepEP-V2 mode the serve was given (no gate there)."""
+    return [elastic_timeouts_gate(log_text, world, site_patches=site_patches, gpu_s=gpu_s,
+                                  cpu_s=cpu_s, log_name=log_name)] + deepep_v2_mode_gate(
+        log_text, world, mode, site_patches=site_patches, log_name=log_name)
+
+
 def elastic_timeouts_gate(log_text: str, world: int, *, site_patches: list[dict] | None,
                           gpu_s: int = _transport.ELASTIC_TIMEOUT_S,
                           cpu_s: int = _transport.ELASTIC_TIMEOUT_S,
@@ -376,18 +402,9 @@ def elastic_timeouts_gate(log_text: str, world: int, *, site_patches: list[dict]
         return skip(name, f"the run's vLLM site records no {TIMEOUTS_PIN} (run.json "
                     "site_patches): that vLLM passes ElasticBuffer no timeout, so DeepEP's "
                     "defaults (GPU 100 s, CPU 300 s) applied and no rank says them").as_dict()
-    lines = _lines(log_text)
-    seen: dict[int, tuple[int, int]] = {}
-    evidence, wrong = [], []
-    for i, line in enumerate(lines, 1):
-        m = _TIMEOUTS_RE.search(line)
-        if not m or int(m.group(2)) != world:
-            continue
-        rank, values = int(m.group(1)), (int(m.group(3)), int(m.group(4)))
-        seen[rank] = values
-        evidence.append(_quote(log_name, i, line))
-        if values != (gpu_s, cpu_s):
-            wrong.append(rank)
+    said, evidence = patch_0002_lines(log_text, world, log_name)
+    seen = {rank: (int(m.group(3)), int(m.group(4))) for rank, m in said.items()}
+    wrong = [rank for rank, values in seen.items() if values != (gpu_s, cpu_s)]
     missing = [r for r in range(world) if r not in seen]
     observed = {"ranks": sorted(seen), "missing": missing,
                 "values": sorted({f"gpu={g} cpu={c}" for g, c in seen.values()})}
@@ -416,14 +433,9 @@ def deepep_v2_mode_gate(log_text: str, world: int, mode: str, *,
     if TIMEOUTS_PIN not in applied_patches(site_patches):
         return []
     hybrid = mode == "hybrid"
-    seen: dict[int, bool | None] = {}
-    evidence = []
-    for i, line in enumerate(_lines(log_text), 1):
-        m = _TIMEOUTS_RE.search(line)
-        if not m or int(m.group(2)) != world:
-            continue
-        seen[int(m.group(1))] = None if m.group(5) is None else m.group(5) == "True"
-        evidence.append(_quote(log_name, i, line))
+    said, evidence = patch_0002_lines(log_text, world, log_name)
+    seen = {rank: None if m.group(5) is None else m.group(5) == "True"
+            for rank, m in said.items()}
     missing = [r for r in range(world) if seen.get(r) is None]
     wrong = sorted(r for r, ran in seen.items() if ran is not None and ran != hybrid)
     observed = {"ranks": sorted(r for r, ran in seen.items() if ran is not None),

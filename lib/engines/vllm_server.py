@@ -171,12 +171,10 @@ def assert_serve(stage, server: VllmServer, add: Callable[[Gate | dict | None], 
         add(g)
     add(vllm_logs.per_rank_nccl(text, server.gpus, log_name=log_name))
     if expert_parallel and server.backend == "deepep_v2":  # patch 0002's line, where applied
-        patches = run_site_patches(stage)
-        add(vllm_logs.elastic_timeouts_gate(text, server.gpus, site_patches=patches,
-                                            log_name=log_name))
         given = "hybrid" if server.env.get(HYBRID_MODE_VAR) == "1" else "direct"
-        for g in vllm_logs.deepep_v2_mode_gate(text, server.gpus, given, site_patches=patches,
-                                               log_name=log_name):
+        for g in vllm_logs.patch_0002_gates(text, server.gpus, mode=given,
+                                            site_patches=run_site_patches(stage),
+                                            log_name=log_name):
             add(g)
     failed = [g["gate"] for g in server.backend_gates if g["status"] != "PASS"]
     asked = (f"backend {server.backend}" if expert_parallel else "no expert parallelism")

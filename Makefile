@@ -91,15 +91,22 @@ unit: venv kube-plane slurm chromium
 # the kube serving A/B on two nodes, LeaderWorkerSet and faults (marked `cluster_c`), and the
 # Slurm files (marked `cluster_b`, tests/conftest.py); they share no daemon, port or file (each kube
 # module starts its own control plane on free ports); each line is prefixed with its group,
-# each prints its own durations, and the phase fails if any does.
-CLUSTER_TESTS := $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests -m
+# each prints its own durations, and the phase fails if any does. Each group's output is kept
+# in a file too, and the short summary of every group that failed is printed again at the end:
+# interleaved, a failure of the group that ended first scrolled out of a log's tail (CI).
+CLUSTER_TESTS := $(PY) -m pytest -q -p no:cacheprovider --durations=10 -rfE tests -m
 cluster-tests: venv kube-plane slurm
-	@set -o pipefail; start=$$(date +%s); \
+	@set -o pipefail; start=$$(date +%s); logs=$$(mktemp -d); \
 	  { $(CLUSTER_TESTS) "cluster and not cluster_b and not cluster_c" 2>&1 \
-	    | sed -u 's/^/[kube] /'; } & kube=$$!; \
-	  { $(CLUSTER_TESTS) "cluster and cluster_c" 2>&1 | sed -u 's/^/[kube-ab+faults] /'; } & kube_ab=$$!; \
-	  $(CLUSTER_TESTS) "cluster and cluster_b" 2>&1 | sed -u 's/^/[slurm] /'; slurm_rc=$$?; \
-	  wait $$kube; kube_rc=$$?; wait $$kube_ab; kube_ab_rc=$$?; \
+	    | sed -u 's/^/[kube] /' | tee $$logs/kube; } & kube=$$!; \
+	  { $(CLUSTER_TESTS) "cluster and cluster_c" 2>&1 | sed -u 's/^/[kube-ab+faults] /' \
+	    | tee $$logs/kube-ab+faults; } & kube_ab=$$!; \
+	  $(CLUSTER_TESTS) "cluster and cluster_b" 2>&1 | sed -u 's/^/[slurm] /' | tee $$logs/slurm; \
+	  slurm_rc=$$?; wait $$kube; kube_rc=$$?; wait $$kube_ab; kube_ab_rc=$$?; \
+	  for group in kube kube-ab+faults slurm; do \
+	    grep -q "short test summary info" $$logs/$$group || continue; \
+	    sed -n '/= FAILURES =/,/slowest 10 durations/p' $$logs/$$group | tail -60; \
+	    sed -n '/short test summary info/,$$p' $$logs/$$group; done; rm -rf $$logs; \
 	  rc=$$(( kube_rc || kube_ab_rc || slurm_rc )); \
 	  echo "make test: cluster phase $$(( $$(date +%s) - start )) s wall" \
 	    "(exit $$rc: kube $$kube_rc, kube-ab+faults $$kube_ab_rc, slurm $$slurm_rc)"; exit $$rc

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = "00_cluster,04_serve,05_sweep"
 SMALL = ["-p", "concurrency", "1", "-p", "repeats", "1", "-p", "request_count", "2",
          "-p", "requests_per_slot", "0", "-p", "warmup_requests", "0",
-         "-p", "output_tokens", "4"]
+         "-p", "output_tokens", "4", "-p", "prompt_corpus", "random"]
 RUN_ID = "interrupted-1"
 WAIT_FOR_CELL_S = 300
 

@@ -23,7 +23,9 @@ from lib.core.stage import Stage
 from lib.stages import serve as serve_stage
 from lib.stages import sweep as sweep_stage
 
-SMALL = {"concurrency": [2], "repeats": 1, "request_count": 6, "warmup_requests": 1}
+# prompt_corpus random: no 5 MB corpus tokenized at each cell's start (lib.measure.sweep)
+SMALL = {"concurrency": [2], "repeats": 1, "request_count": 6, "warmup_requests": 1,
+         "prompt_corpus": "random"}
 
 
 def make_stage(run_dir: Path, name: str, given: dict | None = None) -> Stage:
@@ -66,6 +68,34 @@ def test_argv_vllm_takes_ignore_eos_and_pinning():
     assert argv[:3] == ["taskset", "-c", "1"]
     assert json.loads(_flag(argv, "--extra-inputs")) == {"ignore_eos": True}
     assert "--warmup-request-count" not in argv
+
+
+def test_argv_names_a_prompt_corpus_only_when_it_is_not_aiperfs_default():
+    """The image's AIPerf 0.10.0 has no --prompt-corpus and reads Shakespeare: the default
+    argv must run there unchanged; another corpus is named after the input shape."""
+    assert "--prompt-corpus" not in _argv()
+    assert "--prompt-corpus" not in _argv(prompt_corpus=sweep.DEFAULT_PROMPT_CORPUS)
+    for corpus in ("coding", "random"):
+        argv = _argv(prompt_corpus=corpus)
+        assert _flag(argv, "--prompt-corpus") == corpus
+        assert argv.index("--prompt-corpus") == argv.index("--synthetic-input-tokens-mean") + 2
+
+
+def test_prompt_corpus_is_refused_on_a_cluster_place_naming_the_images_aiperf():
+    """coding or random on kube, slurm or a plan (the image's AIPerf runs the cells there) is
+    refused before any effect, naming the pinned version; sonnet is taken everywhere."""
+    from lib.core.errors import ParameterError
+    from lib.roots import pins as pins_mod
+
+    image = pins_mod.load()["pins"]["aiperf_public"]["version"]
+    for context in ("kube", "slurm", "plan"):
+        assert params.resolve("05_sweep", {"context": context})["prompt_corpus"] == "sonnet"
+        with pytest.raises(ParameterError) as refused:
+            params.resolve("05_sweep", {"context": context, "prompt_corpus": "random"})
+        assert refused.value.name == "prompt_corpus"
+        assert f"sonnet on a cluster place: its AIPerf is the image's {image}" \
+            in str(refused.value)
+    assert params.resolve("06_multicomm", {"prompt_corpus": "coding"})["prompt_corpus"] == "coding"
 
 
 def test_env_never_sets_offline():
@@ -155,6 +185,7 @@ def test_stage_05_measures_and_replays(tmp_path, monkeypatch):
     [aiperf] = [e["key"] for e in read_transcript(run_dir / "transcript.jsonl")
                 if e["stage"] == "05_sweep" and e["kind"] == "run" and "profile" in e["key"]]
     assert aiperf[aiperf.index("--warmup-request-count") + 1] == "2"
+    assert aiperf[aiperf.index("--prompt-corpus") + 1] == "random"
 
     # AIPerf's per-request records are kept whole, gzipped (no reader uses them)
     cell = next((stage.dir / "aiperf").rglob("profile_export.jsonl.gz")).parent

@@ -32,8 +32,10 @@ NEEDS = [  # each test file's pytestmark
 ]
 
 
+# prompt_corpus random: AIPerf tokenizes no 5 MB corpus at each cell's start (lib.measure.sweep)
 SMALL = {"engine": "vllm", "concurrency": "1,2", "request_count": 3, "warmup_requests": 1,
-         "input_tokens": 16, "output_tokens": 8, "server_timeout_s": 60, "ab_repeats": 2}
+         "input_tokens": 16, "output_tokens": 8, "server_timeout_s": 60, "ab_repeats": 2,
+         "prompt_corpus": "random"}
 
 
 def open_stage(run_dir: Path, name: str, replay: bool = False, extra: dict | None = None) -> Stage:

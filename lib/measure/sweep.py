@@ -37,6 +37,14 @@ PER_REQUEST_TIMEOUT_S = 3.0  # per request per 16 output tokens, before dividing
 KILL_AFTER_S = 15  # coreutils timeout: KILL this long after TERM
 TIMEOUT_CODES = (124, 137)  # timeout's codes: TERM worked / KILL was needed
 REQUEST_TIMEOUT_S = 120  # AIPerf's per-request HTTP timeout: a stuck request fails, not hangs
+# AIPerf's synthetic prompt text (its --prompt-corpus, aiperf/common/enums/enums.py PromptCorpus in
+# the pinned 0.13.0): its default, Shakespeare, is what the image's 0.10.0 always reads (it has no
+# such flag), so the argv names a corpus only when it is another. `random` draws tokens from the
+# tokenizer's vocabulary (vLLM bench's RandomDataset) and skips tokenizing the 5 MB corpus: 2.4 s
+# of every cell's start-up with the guide's seeded tokenizer (AIPerf's "Dataset configured in",
+# 2.38 s against 0.28 s, measured here 2026-12-07)
+PROMPT_CORPORA = ("sonnet", "coding", "random")
+DEFAULT_PROMPT_CORPUS = "sonnet"
 DEAD_HUB = "http://127.0.0.1:9"  # any Hugging Face Hub call fails fast (no HF_HUB_OFFLINE here)
 MMAP_FOLDER = "aiperf-mmap"
 # SGLang 0.5.19 takes it on both routes (entrypoints/openai/protocol.py:370, 902); TensorRT-LLM's
@@ -65,18 +73,21 @@ def forced_length_inputs(engine: str, output_tokens: int) -> str:
 def aiperf_argv(*, engine: str, model_dir: str | Path, url: str, concurrency: int,
                 request_count: int, warmup_requests: int, input_tokens: int, output_tokens: int,
                 seed: int, artifact_dir: str | Path, cores: str | None = None,
-                aiperf: str | Path = AIPERF, tokenizer_revision: str | None = None) -> list[str]:
+                aiperf: str | Path = AIPERF, tokenizer_revision: str | None = None,
+                prompt_corpus: str = DEFAULT_PROMPT_CORPUS) -> list[str]:
     """The one builder of AIPerf's command line. `tokenizer_revision`: the hub commit of a
     served hub model, its tokenizer then read from the cache the engine downloaded it into (a
     commit leaves no refs/main there, and the hub itself is never reached: DEAD_HUB)."""
     warmup = ["--warmup-request-count", str(warmup_requests)] if warmup_requests else []
+    corpus = ([] if prompt_corpus == DEFAULT_PROMPT_CORPUS
+              else ["--prompt-corpus", prompt_corpus])
     revision = ["--tokenizer-revision", tokenizer_revision] if tokenizer_revision else []
     argv = [
         *(CACHE_ONLY if tokenizer_revision else UNSET_OFFLINE), str(aiperf), "profile",
         "--model", str(model_dir), "--tokenizer", str(model_dir), *revision,
         "--url", url, "--endpoint-type", "chat", "--streaming",
         "--concurrency", str(concurrency), "--request-count", str(request_count), *warmup,
-        "--synthetic-input-tokens-mean", str(input_tokens),
+        "--synthetic-input-tokens-mean", str(input_tokens), *corpus,
         "--output-tokens-mean", str(output_tokens),
         "--extra-inputs", forced_length_inputs(engine, output_tokens),
         "--use-server-token-count", "--no-server-metrics", "--no-gpu-telemetry",
@@ -121,6 +132,7 @@ class SweepPlan:
     warmup_full_batch: bool
     shapes: tuple[Shape, ...]
     seed: int
+    prompt_corpus: str = DEFAULT_PROMPT_CORPUS  # AIPerf's synthetic text (PROMPT_CORPORA)
 
     def warmup(self, concurrency: int) -> int:
         """Warmup requests of one cell: warmup_requests, raised to the cell's concurrency when
@@ -218,7 +230,7 @@ def run_cell(stage, server: Server, cell: Cell, plan: SweepPlan, shape: Shape, *
             concurrency=cell.concurrency, request_count=requests, warmup_requests=warmup,
             input_tokens=input_tokens, output_tokens=output_tokens, seed=plan.seed,
             artifact_dir=artifact_dir, cores=cores, aiperf=aiperf or AIPERF,
-            tokenizer_revision=server.tokenizer_revision)
+            tokenizer_revision=server.tokenizer_revision, prompt_corpus=plan.prompt_corpus)
 
     timeout = cell_timeout_s(requests, warmup, output_tokens, cell.concurrency)
     call = server.run_aiperf(stage, lambda a, d, c: bounded(argv_for(a, d, c), timeout),

@@ -37,7 +37,8 @@ def sweep_plan(p: Mapping[str, Any], repeats: int, prefill: bool = False) -> Swe
     """What every AIPerf cell of a stage is asked, from its parameters `p` (its typed model; in
     a replay, the values its run recorded): the concurrency levels, `repeats` (05's repeats,
     06's ab_repeats), the requests and warmup per cell, the decode shape (input_tokens,
-    output_tokens) and with `prefill` the prefill-heavy one (05's backend A/B), the seed."""
+    output_tokens) and with `prefill` the prefill-heavy one (05's backend A/B), the seed and
+    AIPerf's prompt corpus."""
     prefill_shape = ((p["prefill_input_tokens"], p["prefill_output_tokens"]) if prefill
                      else None)
     return SweepPlan(concurrency=tuple(p["concurrency"]), repeats=repeats,
@@ -47,7 +48,7 @@ def sweep_plan(p: Mapping[str, Any], repeats: int, prefill: bool = False) -> Swe
                      warmup_full_batch=bool(p["warmup_full_batch"]),
                      shapes=serving.shapes_of((p["input_tokens"], p["output_tokens"]),
                                               prefill_shape),
-                     seed=p["seed"])
+                     seed=p["seed"], prompt_corpus=p["prompt_corpus"])
 
 
 def arm_servers(stage: Stage, place, model: dict[str, Any], engine: str, gpus: int | None):

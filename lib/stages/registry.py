@@ -28,6 +28,7 @@ from lib.engines import megatron
 from lib.engines import transport as transport_mod
 from lib.engines.deepep import DEFAULT_MODE as DEFAULT_DEEPEP_V2_MODE, MODES as DEEPEP_V2_MODES
 from lib.engines.vllm_args import BACKENDS as ALL2ALL_BACKENDS, MAX_EP_NUM_COMMS
+from lib.measure import sweep
 from lib.measure.agreement import PROMPTS as ANSWER_PROMPTS
 from lib import places
 from lib.places.instances import DEFAULT_INSTANCE_TYPE, INSTANCE_TYPES
@@ -48,6 +49,9 @@ SLURM_MPI_PLUGINS = ("pmix", "pmix_v3", "pmix_v4", "pmix_v5", "pmi2", "cray_shas
 WORKLOADS = ("statefulset", "leaderworkerset")
 _CLUSTER = ("plan", "kube", "slurm")  # contexts that serve a real model on p5en-class nodes
 _MODEL_PIN = pins_mod.load()["pins"]["model"]  # the one source of the cluster model and revision
+# the AIPerf a cluster's cells run (the image's) and the local sweep tool's, for prompt_corpus
+_AIPERF_IMAGE, _AIPERF_LOCAL = (pins_mod.load()["pins"][name]["version"]
+                                for name in ("aiperf_public", "aiperf_local"))
 
 
 def _sets_pinning(pin: str) -> list[str]:
@@ -273,6 +277,11 @@ _PARAMS = [
           {"local": 64, "local:vllm": 120, "*": 120}, "synthetic input tokens (mean)"),
     Param("output_tokens", Integer(1, MAX_SEQUENCE_TOKENS),
           {"local": 16, "local:vllm": 128, "*": 128}, "output tokens per request"),
+    Param("prompt_corpus", OneOf(sweep.PROMPT_CORPORA), {"*": sweep.DEFAULT_PROMPT_CORPUS},
+          "the text of AIPerf's synthetic prompts (its --prompt-corpus): sonnet (Shakespeare, "
+          f"AIPerf's default, the only one of the image's AIPerf {_AIPERF_IMAGE}), coding, or "
+          "random (tokens drawn from the vocabulary, as vLLM bench's random dataset: no corpus "
+          "to tokenize at each cell's start); coding and random on the local context only"),
     Param("ab_backends", ChoiceList(ALL2ALL_BACKENDS, 2, "'' (none) or two or more of "
                                     + ", ".join(ALL2ALL_BACKENDS)
                                     + ", distinct, comma-separated, the first the baseline"),
@@ -333,7 +342,7 @@ SERVE = ("engine", "server_timeout_s", "model_layers", "all2all_backend", "nccl_
          "deepep_dir", "model", "model_revision", "model_cache_dir", "hf_token_secret",
          "kube_workload", "enforce_eager", "num_comms", "deepep_v2_mode")
 TRAFFIC = ("concurrency", "request_count", "requests_per_slot", "warmup_requests",
-           "warmup_full_batch", "input_tokens", "output_tokens")
+           "warmup_full_batch", "input_tokens", "output_tokens", "prompt_corpus")
 KERNEL = ("ranks", "num_tokens", "hidden", "num_topk", "num_experts", "num_comms", "iters",
           "warmup")
 DEEPEP = ("deepep_dir", "nccl_site", "test_ep_tokens", "transport_ab", "ab_repeats")
@@ -509,6 +518,13 @@ def _check_together(p: dict[str, Any]) -> None:
                              "'' with engine 'transformers' (it has no all-to-all backend)")
     _check_training(p, ranks)
     _check_transport(p, one_machine)
+    corpus = p.get("prompt_corpus")
+    if corpus not in (None, sweep.DEFAULT_PROMPT_CORPUS) and "context" in p and not one_machine:
+        raise ParameterError("prompt_corpus", corpus,
+                             f"{sweep.DEFAULT_PROMPT_CORPUS} on a cluster place: its AIPerf is "
+                             f"the image's {_AIPERF_IMAGE} (pin aiperf_public), which has no "
+                             "--prompt-corpus; coding and random need the local sweep tool's "
+                             f"{_AIPERF_LOCAL} (pin aiperf_local)")
     check_places(p)
     a, b = p.get("arm_a_comms"), p.get("arm_b_comms")
     if a is not None and a == b:

@@ -175,6 +175,12 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     commit = head()
+    # every run records from the committed notebooks/: their parameters cells first follow the
+    # parameter models (a parameter added since would otherwise be missing from every new run)
+    from lib.publish import notebooks
+    for path in notebooks.write_parameters_cells():
+        print(f"rerecord: {path.name}: parameters cell rewritten from its stage's model",
+              flush=True)
     added = ["results/REPLAYED", "results/REFERENCE", "notebooks"]
     for kind in kinds:
         new = record(kind)

@@ -40,7 +40,7 @@ def text_of(html: Path) -> str:
 def test_the_catalog_says_which_runs_may_feed_results():
     runs = {r.run_id: r for r in catalog(RESULTS)}
     assert sorted(runs) == RUN_IDS
-    for run_id in ("kube-ctlplane-20261207f", "slurm-2nodes-20261207e"):
+    for run_id in ("kube-ctlplane-20261207g", "slurm-2nodes-20261207f"):
         assert not runs[run_id].feeds_results
         assert runs[run_id].why_not_results == runs[run_id].record["level"]
     assert not runs[REFERENCE].feeds_results and "CPU host" in runs[REFERENCE].why_not_results
@@ -246,7 +246,7 @@ def test_the_coverage_page_says_what_runs_where_from_the_runs_and_cites_the_rest
     vllm = coverage.coverage_table(runs).set_index("engine / lane").loc["vLLM"]
     assert vllm["one GPU host"].startswith("**measured**")
     assert vllm["Kubernetes"].startswith(f"**{coverage.SIMULATED_NODES}**")
-    assert f"{coverage.SIMULATED_NODES}: 1 run, 1 passing; latest kube-ctlplane-20261207f" in page
+    assert f"{coverage.SIMULATED_NODES}: 1 run, 1 passing; latest kube-ctlplane-20261207g" in page
     source = sources.strip_links(
         (built.parent / ".src" / "book" / "coverage.md").read_text(encoding="utf-8"))
     for claim in cited.CLAIMS:  # in the page's source: Sphinx typesets '--' as a dash

@@ -212,10 +212,10 @@ def test_fit_follows_its_data(tmp_path):
     refit = latency_fit(links_path=other)
     assert {p["run"] for p in refit["points"]} == {GUIDE_RUN}
     assert refit["latency_us"] != latency_fit()["latency_us"]
-    links["nvlink"]["h200-nccl-2gpu"]["fit_runs"] = ["results/kube-ctlplane-20261207f"]
+    links["nvlink"]["h200-nccl-2gpu"]["fit_runs"] = ["results/kube-ctlplane-20261207g"]
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(links))
-    with pytest.raises((ValueError, FileNotFoundError), match="kube-ctlplane-20261207f"):
+    with pytest.raises((ValueError, FileNotFoundError), match="kube-ctlplane-20261207g"):
         latency_fit(links_path=broken)
     with pytest.raises(ValueError, match="h200-nccl-2gpu"):
         latency_fit("b200-deepep-readme")

@@ -138,7 +138,7 @@ GPU_CFG = {"nproc": 2, "hidden": 7168, "num_topk": 8, "num_experts": 256}
 
 
 def test_a_run_of_simulated_nodes_shows_no_bound_and_its_rows_as_recorded(tmp_path):
-    level = json.loads((RESULTS / "kube-ctlplane-20261207f" / "run.json").read_text())["level"]
+    level = json.loads((RESULTS / "kube-ctlplane-20261207g" / "run.json").read_text())["level"]
     stage = local_stage(tmp_path, "kube", level=level)
     assert kernel.transfer_bounds(stage, {**GPU_CFG, "nproc": 8}) is None
     rows = [{"tokens": 128, "test_ep D+C p50 (us)": 29.189}]

@@ -72,12 +72,13 @@ def test_an_image_that_cannot_be_pulled_fails_at_once_quoting_the_registry(env, 
     on its first look at it, long before its schedule timeout, and the FAIL names each pod, its
     node and the kubelet's message."""
     serve_vllm(env, tmp_path)
-    # ErrImagePull held 25 s before the BackOff: on a busy machine the first look at the pods can
-    # come after 10 s (seen once), and this test is about the registry's message
-    message = image_cannot_be_pulled(env, "vllm-*", IMAGE, backoff_after=25.0)
+    # ErrImagePull held 90 s before the BackOff: on a busy machine the first look at the pods can
+    # come after 10 s (seen once), and this test is about the registry's message; the timeouts
+    # far above the bound on `took`, so a slow machine is never mistaken for a wait to its end
+    message = image_cannot_be_pulled(env, "vllm-*", IMAGE, backoff_after=90.0)
     run = tmp_path / "run"
     started = time.monotonic()
-    stage = run_04(env, run, schedule_timeout_s=60, server_timeout_s=120)
+    stage = run_04(env, run, schedule_timeout_s=240, server_timeout_s=480)
     took = time.monotonic() - started
     failed = fails(stage)
     assert list(failed) == ["server ready"], failed
@@ -87,7 +88,7 @@ def test_an_image_that_cannot_be_pulled_fails_at_once_quoting_the_registry(env, 
     named = re.findall(rf"pod (vllm-[01]) on node ({'|'.join(NODES)}): ErrImagePull: ", reason)
     assert named, reason
     assert message in reason and "code = NotFound" in reason
-    assert took < 30, took  # not at the 60 s schedule timeout, nor the 120 s server timeout
+    assert took < 120, took  # not at the 240 s schedule timeout, nor the 480 s server timeout
     sealed(run, "04_serve")
     assert env.objects_left() == []
 
@@ -97,9 +98,9 @@ def test_03_s_rank_pods_whose_image_cannot_be_pulled_fail_as_not_started_quoting
     """The same fault under 03's rank pods: scheduled, so the FAIL says 'pods started' and
     quotes the kubelet's waiting reason with the registry's message (never 'the scheduler'),
     at the first look, and the job's objects are deleted."""
-    message = image_cannot_be_pulled(env, "test-ep-at-128-tokens-*", IMAGE, backoff_after=25.0)
+    message = image_cannot_be_pulled(env, "test-ep-at-128-tokens-*", IMAGE, backoff_after=90.0)
     run = tmp_path / "run"
-    stage = env.stage("03_kernel_test", run, test_ep_tokens="128", schedule_timeout_s=60)
+    stage = env.stage("03_kernel_test", run, test_ep_tokens="128", schedule_timeout_s=240)
     started = time.monotonic()
     kernel.run(stage)
     stage.finish()
@@ -109,7 +110,7 @@ def test_03_s_rank_pods_whose_image_cannot_be_pulled_fail_as_not_started_quoting
     assert failed[gate_name].startswith("the kubelet: pod test-ep-at-128-tokens-"), failed
     assert "ErrImagePull: " in failed[gate_name] and message in failed[gate_name]
     assert not [g for g in failed if g.endswith("pods scheduled")]
-    assert took < 45, took  # not at the 60 s schedule timeout
+    assert took < 120, took  # not at the 240 s schedule timeout
     sealed(run, "03_kernel_test")
     assert env.objects_left() == []
 
@@ -197,6 +198,23 @@ def test_a_node_gone_notready_mid_serve_fails_naming_the_node_and_its_condition(
 def kubectl_runs(run: Path, verb: str) -> list[dict]:
     return [e for e in read_transcript(run / "transcript.jsonl")
             if e["kind"] == "run" and e["key"][0] == "kubectl" and verb in e["key"]]
+
+
+def looks_at_pods(run: Path, stage_name: str) -> list[dict]:
+    """What each of the stage's looks at its pods (`kubectl get pods -l ...`) read, up to its
+    first log read (the FAIL's own): per look, each pod's restart count."""
+    looks = []
+    for entry in read_transcript(run / "transcript.jsonl"):
+        if entry["stage"] != stage_name or entry["kind"] != "run" or entry["key"][0] != "kubectl":
+            continue
+        if "logs" in entry["key"]:
+            break
+        if {"get", "pods", "-l"} <= set(entry["key"]) and entry["rc"] == 0:
+            pods = json.loads((run / entry["stdout"]).read_text())["items"]
+            looks.append({pod["metadata"]["name"]: sum(
+                c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
+                for pod in pods})
+    return looks
 
 
 def stderr_of(run: Path, entry: dict) -> str:
@@ -346,7 +364,7 @@ def test_a_serve_whose_pods_admission_refuses_fails_at_once_quoting_the_controll
         serve_vllm(env, tmp_path)
         run = tmp_path / "run"
         started = time.monotonic()
-        stage = run_04(env, run, schedule_timeout_s=120, server_timeout_s=300)
+        stage = run_04(env, run, schedule_timeout_s=300, server_timeout_s=600)
         took = time.monotonic() - started
     finally:
         plane.kubectl("delete", "podsecuritypolicy", RESTRICTED_PSP["metadata"]["name"],
@@ -360,7 +378,7 @@ def test_a_serve_whose_pods_admission_refuses_fails_at_once_quoting_the_controll
                      r"\[.*Privileged containers are not allowed", reason), reason
     gate_row = next(g for g in stage.gates if g.gate == "server ready")
     assert (gate_row.observed, gate_row.expected) == ("no pod", "every pod created")
-    assert took < 60, took  # not at the 120 s schedule timeout, nor the 300 s server timeout
+    assert took < 150, took  # not at the 300 s schedule timeout, nor the 600 s server timeout
     sealed(run, "04_serve")
     assert env.objects_left() == []
 
@@ -498,8 +516,13 @@ def test_a_serve_pod_restarted_before_ready_fails_04_at_once_naming_node_and_rea
     struck = time.monotonic()
     worker.join(120)
     assert not worker.is_alive()
-    # two polls (4 s) and then the logs kept and the objects deleted: far from the 120 s
-    assert time.monotonic() - struck < 2 * POLL_S + 30
+    # the wait ends at the first look that reads the restart, in the transcript's own looks (a
+    # loaded machine stretches a poll, never adds one), the look after the one before the
+    # restart (a poll apart: POLL_S); then the logs kept and the objects deleted, far from the
+    # 120 s of server_timeout_s
+    looks = looks_at_pods(tmp_path / "run", "04_serve")
+    assert looks[-1]["vllm-1"] == 1 and all(look.get("vllm-1", 0) == 0 for look in looks[:-1])
+    assert time.monotonic() - struck < 120 - 2 * POLL_S
     failed = fails(got["stage"])
     assert f"pod vllm-1 on node {node}: Error (exit 1), restarted 1 time(s); now " \
            "CrashLoopBackOff" in failed["server ready"], failed
@@ -509,7 +532,7 @@ def test_a_serve_pod_restarted_before_ready_fails_04_at_once_naming_node_and_rea
 
 def test_a_rank_pod_that_exits_non_zero_ends_the_job_at_once_its_peer_stopped(env, tmp_path):
     """Issue 43: node 0's rank pod exits 1 while node 1's still runs (it would wait on its dead
-    peer in NCCL's init until the job's timeout, 120 s here): the wait ends at the next poll,
+    peer in NCCL's init until the job's timeout, 300 s here): the wait ends at the next poll,
     the peer is stopped and said so (not "timed out"), the first rank to die is named, nothing
     is left behind."""
     logs = compose.compose_test_ep_failure(tmp_path / "logs", dead_rank=3)
@@ -519,11 +542,11 @@ def test_a_rank_pod_that_exits_non_zero_ends_the_job_at_once_its_peer_stopped(en
             "*": Container(log=log, exit_code=code, image_id=IMAGE_ID)},
             running_after=0.1, exit_after=exits, pod_ips="10.244.0.0/16"))
     stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128",
-                      job_timeout_s=120)
+                      job_timeout_s=300)
     started = time.monotonic()
     kernel.run(stage)
     stage.finish()
-    assert time.monotonic() - started < 60  # not the 120 s of job_timeout_s
+    assert time.monotonic() - started < 150  # not the 300 s of job_timeout_s
     failed = fails(stage)
     first = next(reason for gate, reason in failed.items()
                  if gate.endswith(triage.GATE_FIRST_RANK))

@@ -14,7 +14,6 @@ from lib.core.stage import Stage
 from lib.places import NodeRank, RankJob, Unsupported
 from lib.places.kube.place import KubePlace
 from lib.places.local import LocalPlace
-from lib.places.kube.plan import KubePlan
 from lib.places.slurm.place import SlurmPlace
 from lib.stages import kernel, registry
 from lib.stages.opening import open_stage
@@ -49,11 +48,9 @@ def test_the_plan_door_runs_checkers_only_and_records_what_it_would_run(tmp_path
 
 
 def test_a_plan_for_slurm_is_the_slurm_place_planning(tmp_path):
-    from lib.places.slurm.plan import SlurmPlan
-
     stage = plan_stage(tmp_path, given={"plan_for": "slurm"})
     place = places.for_stage(stage)
-    assert isinstance(place, SlurmPlan) and place.gpus() == 8
+    assert type(place) is SlurmPlace and place.plans_only and place.gpus() == 8
     job = RankJob("the torch benchmark",
                   argv=lambda node: kernel.torchrun_argv(kernel.bench_config(stage, 8), node,
                                                          "out.json"),
@@ -75,7 +72,7 @@ def test_03_planned_for_kube_renders_checks_and_records_and_replays(tmp_path):
     count, written into manifests/, checked by kubernetes-validate --strict (a real run of the
     checker), the kubectl commands recorded; nothing applied; a replay gives the same."""
     stage = plan_stage(tmp_path)
-    assert type(places.for_stage(stage)) is KubePlan
+    assert type(places.for_stage(stage)) is KubePlace and places.for_stage(stage).plans_only
     kernel.run(stage)
     stage.finish()
     got = {g.gate: g for g in stage.gates}
@@ -123,13 +120,25 @@ def test_a_plan_names_the_image_of_the_pins_its_run_recorded(tmp_path):
     assert any(n.startswith("image: deepep-v2-efa:pins-0123456789ab ") for n in notes)
 
 
-@pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", KubePlan),
+@pytest.mark.parametrize("context, kind", [("local", LocalPlace), ("plan", KubePlace),
                                            ("kube", KubePlace), ("slurm", SlurmPlace)])
 def test_each_context_has_its_place(tmp_path, context, kind):
+    """A plan is the kube place (plan_for's default) with its door in plan mode."""
     stage = Stage("00_cluster", registry.resolve("00_cluster", {"context": context}), tmp_path,
-                  Door(tmp_path, "00_cluster"), None)
+                  Door(tmp_path, "00_cluster", plan=context == "plan"), None)
     assert type(places.for_stage(stage)) is kind
     assert places.for_stage(stage) is places.for_stage(stage)  # one place per stage
+    assert places.for_stage(stage).plans_only == (context == "plan")
+
+
+def test_a_plan_whose_door_does_not_plan_is_refused_before_any_effect(tmp_path):
+    """Context plan with a door that runs what it is asked would be a cluster place acting:
+    refused when the place is made, nothing recorded."""
+    stage = Stage("00_cluster", registry.resolve("00_cluster", {"context": "plan"}), tmp_path,
+                  Door(tmp_path, "00_cluster"), None)
+    with pytest.raises(ValueError, match="context plan needs the stage's door in plan mode"):
+        places.for_stage(stage)
+    assert not (tmp_path / "transcript.jsonl").exists()
 
 
 def test_a_cluster_place_serves_with_vllm_whatever_this_machine_has(tmp_path):
@@ -331,7 +340,8 @@ def test_a_stage_hands_its_place_the_spec_built_once_from_its_model(tmp_path):
         "plan", "kube", 4, 8, "vllm")
     assert spec.leaderworkerset and spec.model_cache_dir == "/mnt/nvme/hf-cache"
     place = places.for_stage(stage)
-    assert place.spec is spec and type(place) is KubePlan and place.namespace == spec.namespace
+    assert place.spec is spec and type(place) is KubePlace and place.namespace == spec.namespace
+    assert place.plans_only and place.planned is not None
     # the recorded parameters (params.json, a dict) give the same spec
     recorded = json.loads((tmp_path / "p3" / "04_serve" / "params.json").read_text())
     assert specs.place_spec(recorded) == spec == specs.place_spec_of(stage.params.as_dict())

@@ -4,7 +4,7 @@
 that times out, an interrupted run; stage 04 with `transformers serve` as a step of an
 allocation and its replay, stage 05 with AIPerf as another step against it, the arms of an A/B
 in one allocation; afterwards nothing of a job is queued or alive. And the plan for slurm
-(lib.places.slurm.plan.SlurmPlan) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
+(the slurm place with its door planning, lib.places.slurm.plan.SlurmPlanned) of 03 and 04: scripts that shellcheck passes, every sbatch/srun/
 scancel recorded, nothing run."""
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from lib.engines import transformers
 from lib.places import RankJob, ServeSpec, Unsupported
 from lib.places.local import LocalPlace
 from lib.places.slurm import parse, sbatch
-from lib.places.slurm.plan import SlurmPlan
 from lib.places.slurm.place import SlurmPlace
 from lib.stages import cluster as stage00
 from lib.stages import kernel, registry
@@ -205,7 +204,8 @@ def plan_stage(run_dir: Path, name: str, given: dict | None = None, replay: bool
     resolved = registry.resolve(name, {"context": "plan", "plan_for": "slurm", **(given or {})})
     stage = Stage(name, resolved, run_dir, Door(run_dir, name, replay=replay, plan=True),
                   run_dir if replay else None)
-    stage._place = SlurmPlan(stage)  # what lib.places.plan_place gives for plan_for slurm
+    stage._place = SlurmPlace(stage)  # what lib.places.for_stage gives for plan_for slurm
+    assert stage._place.plans_only
     return stage
 
 

@@ -1,9 +1,9 @@
 """Where a stage's processes run: `for_stage(stage)` picks the place from its context.
 
     local  this machine (lib.places.local)
-    plan   what kube or slurm would run, recorded, nothing run (`plan_for` picks
-           lib.places.kube.plan.KubePlan or lib.places.slurm.plan.SlurmPlan: `plan_class`;
-           what both plans share is lib.places.planning)
+    plan   what kube or slurm would run, recorded, nothing run: the place `plan_for` names
+           (kube by default) with its door in plan mode, its effects then records
+           (lib.places.kube.plan, lib.places.slurm.plan; what both share: lib.places.planning)
     kube   a Kubernetes cluster through kubectl (the package lib.places.kube; the place
            itself lib.places.kube.place.KubePlace)
     slurm  a Slurm cluster through sbatch/srun (the package lib.places.slurm; the place
@@ -20,41 +20,29 @@ from lib.core import stage as stage_mod
 from lib.places.base import (NodeNeeds, NodeRank, NodeRun, Place, PlaceSpec,  # noqa: F401
                              RankJob, ServeSpec, Unsupported)
 from lib.places.kube.place import KubePlace
-from lib.places.kube.plan import KubePlan
 from lib.places.local import LocalPlace
 from lib.places.slurm.place import SlurmPlace
-from lib.places.slurm.plan import SlurmPlan
 
-# "plan": the plan of the place `plan_for` names (place_class, for_stage); KubePlan by default
-PLACES: dict[str, type[Place]] = {"local": LocalPlace, "plan": KubePlan, "kube": KubePlace,
-                                  "slurm": SlurmPlace}
-
-
-def plan_class(plan_for: str | None) -> type[Place]:
-    """The plan of the place `plan_for` names (kube when it names none)."""
-    return KubePlan if (plan_for or "kube") == "kube" else SlurmPlan
-
-
-def plan_place(stage, spec: PlaceSpec | None = None) -> Place:
-    """The plan of the place `plan_for` names (`spec`: the stage's values, lib.places.base
-    .PlaceSpec; default the stage's own)."""
-    spec = stage.place_spec if spec is None else spec
-    return plan_class(spec.plan_for)(stage, spec)
+PLACES: dict[str, type[Place]] = {"local": LocalPlace, "kube": KubePlace, "slurm": SlurmPlace}
 
 
 def place_class(context: str, plan_for: str | None = None) -> type[Place]:
-    """The class of the place a context picks (for "plan", the plan `plan_for` names)."""
-    return plan_class(plan_for) if context == "plan" else PLACES[context]
+    """The class of the place a context picks (for "plan", the place `plan_for` names, kube
+    when it names none: its door then plans)."""
+    return PLACES[(plan_for or "kube") if context == "plan" else context]
 
 
 def for_stage(stage) -> Place:
     """The stage's place, made once per stage: handed the values the stage hands it
-    (`stage.place_spec`, lib.places.base.PlaceSpec) and the stage, which records its evidence."""
+    (`stage.place_spec`, lib.places.base.PlaceSpec) and the stage, which records its evidence.
+    Context plan: the place `plan_for` names, whose door (the stage's, opened in plan mode:
+    lib.stages.opening) records its effects instead of running them."""
     place = getattr(stage, "_place", None)
     if place is None:
         spec = stage.place_spec
-        place = stage._place = (plan_place(stage, spec) if spec.context == "plan"
-                                else PLACES[spec.context](stage, spec))
+        if spec.context == "plan" and not stage.door.planning:
+            raise ValueError(f"context plan needs the stage's door in plan mode ({stage.name})")
+        place = stage._place = place_class(spec.context, spec.plan_for)(stage, spec)
     return place
 
 
@@ -84,8 +72,8 @@ def engine_refusal(spec: PlaceSpec | Mapping[str, Any]) -> str | None:
 
 def plans(spec: PlaceSpec | Mapping[str, Any]) -> bool:
     """Whether the place of `spec` only plans (its door records and runs nothing against a
-    cluster or a server): its class's `plans_only`."""
-    return _class_of(_spec(spec)).plans_only
+    cluster or a server): context plan."""
+    return _spec(spec).context == "plan"
 
 
 def on_one_machine(spec: PlaceSpec | Mapping[str, Any]) -> bool:

@@ -19,8 +19,8 @@ its allocation), its files into `out`, a CallResult back; lib.measure.sweep reac
 through it. `argv_for(aiperf, artifact_dir, cores)` is lib.measure.sweep's one builder of
 AIPerf's argv.
 
-A place that only plans (`plans_only`: the plans, lib.places.planning) runs nothing: its door
-records what the place it plans for would run.
+A place whose door plans (context plan: `plans_only`, lib.places.planning) runs nothing: its
+door records what the place would run, and the place's effects are records (its `planned`).
 
 A place is handed typed values, never a parameter by its name: a PlaceSpec (every value of the
 stage's parameters a place reads), built once by the stage layer from the stage's typed model
@@ -226,8 +226,8 @@ class Place:
 
     kind = "?"
     what = "this place"
-    # whether this place only plans: its door records what would run, nothing is run (the
-    # plans, lib.places.planning); lib.places.plans(spec) reads it
+    # whether this place only plans: its door records what would run, nothing is run (context
+    # plan, lib.places.planning; the kube and slurm places answer from their door's mode)
     plans_only = False
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True

@@ -1,23 +1,24 @@
 """The plan place: what a cluster place would run, rendered, checked and recorded, with nothing
 run against a cluster or a server; here, what its two plans share.
 
-`plan_for` names the place planned for (kube by default, or slurm; lib.places.plan_class picks
-the plan). The plan IS that place's code with its effects turned into records: the same
-renderers make the same objects and commands, but where the place would apply or submit, the
-plan writes the objects into the stage's `manifests/` folder (kube) or its scripts into
-`scripts/` (slurm), runs the local checkers on them (`kubernetes-validate --strict` at the
-Kubernetes version EKS runs, shellcheck on every embedded script; gates), and records the
-command in the transcript (`door.plan`, the door's plan mode refusing anything else). Where the
-place would then wait for pods or read logs, the plan stops and says so in one SKIP reason.
+`plan_for` names the place planned for (kube by default, or slurm; lib.places.place_class picks
+it), opened with its door in plan mode. The plan IS that place, its effects turned into records
+while its door plans: the same renderers make the same objects and commands, but where the
+place would apply or submit, it writes the objects into the stage's `manifests/` folder (kube)
+or its scripts into `scripts/` (slurm), runs the local checkers on them (`kubernetes-validate
+--strict` at the Kubernetes version EKS runs, shellcheck on every embedded script; gates), and
+records the command in the transcript (`door.plan`, the door's plan mode refusing anything
+else). Where the place would then wait for pods or read logs, the plan stops and says so in one
+SKIP reason.
 
-    kube   lib.places.kube.plan.KubePlan    (a KubePlace whose effects are records)
-    slurm  lib.places.slurm.plan.SlurmPlan  (a SlurmPlace whose effects are records)
+    kube   lib.places.kube.plan.KubePlanned    (a KubePlace's effects, as records)
+    slurm  lib.places.slurm.plan.SlurmPlanned  (a SlurmPlace's effects, as records)
 
-What both share is here: `Planning`, the one object each plan holds that says its
-placeholders once and gives its one reason; the image it plans (`planned_image`); the local
-checkers (`tool`). Values a plan cannot know are placeholders, said in its notes: the image
-(the tag 02 gives the build of these pins) and, when not given, the model cache directory and
-the nodes' names.
+What both share is here: `Planning`, what each place's planned effects are made of, which says
+the plan's placeholders once and gives its one reason; the image it plans (`planned_image`);
+the local checkers (`tool`). Values a plan cannot know are placeholders, said in its notes: the
+image (the tag 02 gives the build of these pins) and, when not given, the model cache directory
+and the nodes' names.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@
     retry     which kubectl calls are tried again while the API server restarts, and how
     files     the guide's own files a rank job's pods import (its ConfigMap)
     manifests the objects themselves, as data (the package lib.places.kube.manifests)
-    plan      KubePlan: this place planning, its effects turned into records
+    plan      KubePlanned: what the place does instead of acting while its door plans
+              (context plan): its effects turned into records
 
-serve, waits and aiperf are functions the place hands itself to, so its plan, which overrides
-the place's effects, runs them as records too.
+serve, waits and aiperf are functions the place hands itself to, so while its door plans they
+run through the place's planned effects, as records too.
 """

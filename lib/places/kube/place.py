@@ -47,6 +47,7 @@ from lib.places.kube.files import guide_files
 from lib.places.kube.pods import (PodStuck, exit_code, is_finished, node_facts, object_name,
                                   pod_record, probe_facts, quantity_bytes, ran_when, stage_selector)
 from lib.places.kube.retry import SAFE_VERBS, apply_once, retry_budget, run_retrying
+from lib.places.kube.plan import KubePlanned
 from lib.places.kube.serve import KubeServer  # the serve's handle, with its requests
 
 KUBECTL_TIMEOUT_S = 120.0
@@ -57,8 +58,8 @@ VERIFY_IN_IMAGE = "/usr/local/bin/verify-image.sh"  # docker/Dockerfile copies i
 class KubePlace(Place):
     """The kube place (see the module's docstring). What it does with kubectl is its own; its
     waits (lib.places.kube.waits), its serve (lib.places.kube.serve) and AIPerf's Jobs
-    (lib.places.kube.aiperf) are functions it hands itself to, so its plan
-    (lib.places.kube.plan.KubePlan), which overrides the effects, runs them as records."""
+    (lib.places.kube.aiperf) are functions it hands itself to. While its door plans (context
+    plan), its effects are records instead (`planned`: lib.places.kube.plan.KubePlanned)."""
     kind = "kube"
     what = "the kube place (Kubernetes through kubectl)"
     engines = ("vllm", "sglang", "trtllm")
@@ -68,7 +69,15 @@ class KubePlace(Place):
         self.namespace = self.spec.namespace
         self._nodes: list[dict] | None = None
         self._answered = False  # whether the API server has answered in this stage (retries)
+        # the door's plan mode: what this place would do to a cluster, recorded and checked
+        self.planned = KubePlanned(self) if self.door.planning else None
+        if self.planned:
+            self.what = self.planned.what
         stage.on_exit(self.clean_up)
+
+    @property
+    def plans_only(self) -> bool:
+        return self.planned is not None
 
     # ---- kubectl --------------------------------------------------------------------------
     def kubectl(self, *args: str) -> list[str]:
@@ -80,6 +89,8 @@ class KubePlace(Place):
         """One kubectl call; a read or a delete tried again while the API server does not
         answer (lib.places.kube.retry says which calls are safe to retry, and why), once it
         has answered in this stage: a cluster that never answered is refused at its first call."""
+        if self.planned:
+            return self.planned.run(*args)
         if args and args[0] in SAFE_VERBS:
             call = run_retrying(self.door, self.kubectl(*args), timeout=timeout,
                                 budget_s=retry_budget(self._answered))
@@ -97,6 +108,8 @@ class KubePlace(Place):
 
     def apply(self, objects: list[dict], name: str) -> str:
         """Write the objects into the stage's manifests/ (the evidence), then apply them."""
+        if self.planned:
+            return self.planned.apply(objects, name)
         rel = self.stage.write_text(f"manifests/{name}.yaml", manifests.to_yaml(objects))
         call = apply_once(self.door, self.kubectl, str(self.stage.run_dir / rel), len(objects),
                           manifests.run_label_value(self.stage.run_id), self.where(),
@@ -113,8 +126,9 @@ class KubePlace(Place):
         return f"{named} (namespace {self.namespace})"
 
     def clean_up(self) -> None:
-        """Delete what this stage applied (its run and stage labels), unless `keep`."""
-        if self.spec.keep:
+        """Delete what this stage applied (its run and stage labels), unless `keep` (a plan
+        applied nothing)."""
+        if self.spec.keep or self.planned:
             return
         selector = stage_selector(self.stage.run_id, self.stage.name)
         if self.spec.leaderworkerset:  # first: no pod remade
@@ -126,6 +140,8 @@ class KubePlace(Place):
     # ---- nodes ----------------------------------------------------------------------------
     def nodes(self) -> list[dict]:
         """The nodes of the stage's instance type (kubectl get nodes), once per stage."""
+        if self._nodes is None and self.planned:
+            self._nodes = self.planned.nodes()
         if self._nodes is None:
             got = run_retrying(self.door, self._nodes_argv(), timeout=KUBECTL_TIMEOUT_S,
                                budget_s=retry_budget(self._answered))
@@ -157,6 +173,8 @@ class KubePlace(Place):
                          hugepages_bytes=quantity_bytes(manifests.HUGEPAGES_2MI))
 
     def host_facts(self) -> list[dict[str, Any]]:
+        if self.planned:
+            return self.planned.host_facts()
         version = self._run("version", "-o", "json")
         try:
             versions = json.loads(version.stdout) if version.stdout.strip() else {}
@@ -193,6 +211,8 @@ class KubePlace(Place):
                 "gpus_per_node": spec.gpus_per_node, "efa_per_node": spec.efa_per_node}
 
     def _image(self) -> str:
+        if self.planned:
+            return self.planned.image()
         image = self.spec.image
         if not image:
             raise Unsupported("no image given: the kube place runs the guide's image on the "
@@ -209,6 +229,8 @@ class KubePlace(Place):
                   made_by: str | None = None, peers: bool = False) -> dict[str, dict]:
         """Until every pod is Ready (done=False) or finished (done=True), or time is up
         (lib.places.kube.waits.wait_pods says how each way it can stop)."""
+        if self.planned:
+            return self.planned.wait_pods(names, done=done, timeout_s=timeout_s)
         return waits.wait_pods(self, names, done=done, timeout_s=timeout_s, made_by=made_by,
                                peers=peers)
 
@@ -329,13 +351,18 @@ class KubePlace(Place):
                             "the nodes download it into model_cache_dir at this revision")
 
     def _model_cache_dir(self) -> str:
-        """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given)."""
+        """Where the nodes keep the model's weights (`model_cache_dir`; '' when not given, a
+        placeholder in a plan)."""
+        if self.planned:
+            return self.planned.model_cache_dir()
         return self.spec.model_cache_dir or ""
 
     def serve(self, spec: ServeSpec) -> AbstractContextManager[KubeServer]:
         """The serve as a StatefulSet or a LeaderWorkerSet group, ready when the leader's probe
         holds, every pod's log kept and gated, deleted when the block ends unless `keep`
         (lib.places.kube.serve.serve)."""
+        if self.planned:
+            self.planned.before_serve()
         return serving.serve(self, spec)
 
     def delete_lws(self, name: str) -> None:

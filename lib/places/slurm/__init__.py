@@ -11,5 +11,6 @@ call through the door.
     sbatch    what it sends, as data and text: sbatch and srun argv, the per-node wrapper, the
               node probe script, a plan's batch script
     parse     what comes back: sinfo, scontrol, squeue, srun's report, the probe's lines
-    plan      SlurmPlan: this place planning, its effects turned into records
+    plan      SlurmPlanned: what the place does instead of acting while its door plans
+              (context plan): its effects turned into records
 """

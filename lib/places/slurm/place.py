@@ -39,9 +39,8 @@ run_ranks is Unsupported. pyxis is absent from the local test cluster, whose sru
 checked there, not run. The node probe is bash on the nodes themselves, never in the image.
 
 Serving (`model`, `serve`; stages 04, 05 and 06) is the SlurmServing this place holds
-(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's; `SlurmPlan`
-(lib.places.slurm.plan) is this place planning: the same code, its effects turned into
-records.
+(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's. While its door plans (context plan), this place's
+effects are records instead (`planned`, lib.places.slurm.plan.SlurmPlanned): the same code.
 """
 from __future__ import annotations
 
@@ -59,6 +58,7 @@ from lib.places.base import NodeNeeds, NodeRank, NodeRun, Place, RankJob, ServeS
 from lib.places.cluster import DEEPEP_IN_IMAGE, ranks_apart_gate
 from lib.places.instances import INSTANCE_TYPES
 from lib.places.slurm import aiperf, waits
+from lib.places.slurm.plan import SlurmPlanned
 from lib.places.slurm.serve import SlurmServer, SlurmServing, node_address, this_host
 
 PROBE_TIMEOUT_S = 300.0  # the node probe step
@@ -70,8 +70,8 @@ NODE_OUT = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")  # scontrol's node states
 
 class SlurmPlace(Place):
     """The slurm place (see the module's docstring). Its allocations and steps are its own
-    methods, which its plan (lib.places.slurm.plan.SlurmPlan) overrides with records; its
-    serving is the SlurmServing it holds (`serving`, lib.places.slurm.serve), which runs in
+    methods, which while its door plans (context plan) are records instead (`planned`:
+    lib.places.slurm.plan.SlurmPlanned); its serving is the SlurmServing it holds (`serving`, lib.places.slurm.serve), which runs in
     them; AIPerf's step is lib.places.slurm.aiperf's; the waits that poll Slurm are
     lib.places.slurm.waits'."""
     kind = "slurm"
@@ -88,10 +88,20 @@ class SlurmPlace(Place):
         self.serving = SlurmServing(self)  # the serves' allocation and steps (serve.py)
         self.jobs: list[str] = []  # every job id this place submitted, in order
         self.last_facts: list[dict[str, Any]] | None = None  # host_facts()' answer, every node
+        # the door's plan mode: what this place would submit, recorded and checked
+        self.planned = SlurmPlanned(self) if self.door.planning else None
+        if self.planned:
+            self.what = self.planned.what
+
+    @property
+    def plans_only(self) -> bool:
+        return self.planned is not None
 
     # ---- what the stage handed it (lib.places.base.PlaceSpec) --------------------------------
     def _image(self) -> str:
         """`image` as given ('' for none); a plan stands a placeholder in for it."""
+        if self.planned:
+            return self.planned.image(self.spec.image or "")
         return self.spec.image or ""
 
     def _venv(self) -> str | None:
@@ -171,7 +181,10 @@ class SlurmPlace(Place):
         return self._rows
 
     def gpus(self) -> int:
-        """GPUs per node: the fewest the partition's nodes declare as GRES (0 without GRES)."""
+        """GPUs per node: the fewest the partition's nodes declare as GRES (0 without GRES; a
+        plan: gpus_per_node)."""
+        if self.planned:
+            return int(self.spec.gpus_per_node or 0)
         return min(r["gres_gpus"] for r in self.nodes())
 
     def node_needs(self) -> NodeNeeds:
@@ -206,6 +219,8 @@ class SlurmPlace(Place):
         ready, instance_type: the feature naming one, evidence: the probe's output file).
         This machine's clients (kubectl_client, docker_engine) are no node's facts: absent.
         Raises PlaceError when the nodes could not be allocated in time."""
+        if self.planned:
+            return self.planned.host_facts(PROBE_TIMEOUT_S)
         version = self._query(["sinfo", "--version"]).stdout.strip()
         rows = {r["node"]: r for r in self.nodes()}
         gpus, nodes = self.gpus(), int(self.spec.nodes)
@@ -385,6 +400,11 @@ class SlurmPlace(Place):
     # ---- one allocation -----------------------------------------------------------------------
     def _allocate(self, label: str, nodes: int, gpus: int) -> str:
         """Submit the allocation; its job id (cancelled at the latest when the stage ends)."""
+        if self.planned:
+            jobid = self.planned.allocate(self._alloc_argv(label, nodes, gpus), label, nodes)
+            self.jobs.append(jobid)
+            self.stage.on_exit(lambda: self.release(jobid))
+            return jobid
         call = self.door.run(self._alloc_argv(label, nodes, gpus),
                              timeout=waits.SUBMIT_TIMEOUT_S, check=False)
         jobid = call.stdout.strip().split(";")[0] if call.ok else ""
@@ -405,20 +425,28 @@ class SlurmPlace(Place):
     def _nodes_of(self, jobid: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
         """The allocation's nodes once it runs (NotAllocated when it does not, or is still not
         running after `schedule_timeout_s`)."""
+        if self.planned:
+            return self.planned.nodes_of(jobid)
         return self._allocated_nodes(waits.wait_running(self.door, jobid,
                                                         float(self.spec.schedule_timeout_s)))
 
     def _wrapper(self, name: str, per_node: list[tuple[list[str], dict[str, str]]],
                  base: str) -> str:
+        if self.planned:
+            return self.planned.wrapper(name, per_node, base)
         return sbatch.wrapper_script(name, per_node, base)
 
     def _run_step(self, argv: list[str], *, timeout: float, label: str) -> CallResult:
         """One step run to its end from this machine (srun waits for its tasks)."""
+        if self.planned:
+            self.planned.step(argv, label, background=False)  # raises: the plan stops here
         return self.door.run(argv, timeout=timeout, check=False)
 
     def _start_step(self, argv: list[str], *, log_path: Path, label: str) -> Background | None:
         """One step started and left running (a server's): srun in its own session, its
         output into `log_path`."""
+        if self.planned:
+            return self.planned.step(argv, label, background=True)
         return self.door.start(argv, log_path=log_path)
 
     def _allocated_nodes(self, nodelist: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
@@ -436,12 +464,16 @@ class SlurmPlace(Place):
         if jobid in self._released:
             return None
         self._released.add(jobid)
+        if self.planned:
+            return self.planned.release(jobid)
         self.door.run(sbatch.cancel_argv(jobid), timeout=waits.SUBMIT_TIMEOUT_S, check=False)
         return waits.wait_gone(self.door, jobid)
 
     # ---- serving (lib.places.slurm.serve, lib.places.slurm.aiperf) -----------------------------
     def model(self, engine: str, announce: bool = False):
         """The model to serve and the gate of how it was had (SlurmServing.model)."""
+        if self.planned:
+            self.planned.model(engine)
         return self.serving.model(engine, announce)
 
     def serve(self, spec: ServeSpec) -> AbstractContextManager[SlurmServer]:
@@ -451,6 +483,9 @@ class SlurmPlace(Place):
     def _wait_ready(self, server: SlurmServer, spec: ServeSpec, add, started: float) -> None:
         """Until the server answers, then its logs gated (SlurmServing.wait_ready); a plan
         stops here."""
+        if self.planned:
+            raise self.planned.not_run(f"the {spec.engine} serve on {len(server.nodes)} node(s) "
+                                       "(its readiness, its answers, AIPerf)")
         self.serving.wait_ready(server, spec, add, started)
 
     def read_model_config(self, server, model: dict[str, Any]):

@@ -3,7 +3,7 @@ script, the node probe script, and a plan's batch script (what comes back is rea
 lib.places.slurm.parse).
 
 Nothing here runs anything: the slurm place (lib.places.slurm.place) sends these through the
-door, and a plan for slurm (lib.places.slurm.plan.SlurmPlan) renders the same lines and scripts
+door, and the same place in a plan (lib.places.slurm.plan.SlurmPlanned) renders the same lines and scripts
 without a cluster. Every script rendered here is bash that shellcheck passes
 (tests/test_slurm_place.py runs it).
 

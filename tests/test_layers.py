@@ -259,3 +259,50 @@ def test_the_size_checks_find_a_long_function(tmp_path):
     long.write_text("def short():\n    return 1\n\n\ndef long():\n"
                     + "".join(f"    x{k} = {k}\n" for k in range(80)) + "    return 0\n")
     assert long_functions(long) == ["long.py:5 long (82 lines)"]
+
+
+# ---- one home for processes -----------------------------------------------------------------------
+# What starts a process from Python: subprocess, and the os and pty calls beneath it.
+PROCESS_STARTERS = {"subprocess", "os.system", "os.popen", "os.fork", "os.forkpty", "pty.spawn",
+                    *(f"os.{name}" for name in ("execv", "execve", "execvp", "execvpe", "execl",
+                                                "execle", "execlp", "execlpe", "spawnv", "spawnve",
+                                                "spawnvp", "spawnvpe", "spawnl", "spawnle",
+                                                "posix_spawn", "posix_spawnp"))}
+PROCESS_HOME = "lib.core.processes"  # the one module that starts processes (the door calls it)
+
+
+def process_starts(path: Path) -> list[str]:
+    """Where `path` imports subprocess or calls an os/pty process starter: 'line: name'."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] in PROCESS_STARTERS]
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                      if node.module == "subprocess"
+                      or f"{node.module}.{a.name}" in PROCESS_STARTERS]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and f"{node.value.id}.{node.attr}" in PROCESS_STARTERS):
+            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_every_process_is_started_in_one_module_through_the_door():
+    """Issue 42: no module of lib/ but lib.core.processes starts a process (the door starts
+    through it; the book build and GNU patch too, each with a transcript of its own)."""
+    starts = {name: process_starts(path) for name, path in modules().items()
+              if name != PROCESS_HOME}
+    assert {name: found for name, found in starts.items() if found} == {}
+    assert process_starts(modules()[PROCESS_HOME])  # the check sees what it looks for
+
+
+def test_the_process_check_finds_each_way_to_start_one(tmp_path):
+    for source in ("import subprocess\n", "from subprocess import run\n",
+                   "import os\nos.system('x')\n", "import os\nos.execvp('x', ['x'])\n",
+                   "from os import posix_spawn\n", "import pty\npty.spawn(['x'])\n"):
+        path = tmp_path / "m.py"
+        path.write_text(source)
+        assert process_starts(path), source
+    (tmp_path / "m.py").write_text("import os\nos.environ.get('X')\n")
+    assert process_starts(tmp_path / "m.py") == []

@@ -62,8 +62,9 @@ def no_slurm(tmp_path, monkeypatch) -> None:
 
 
 def stage_of(run_dir: Path, name: str, given: dict) -> Stage:
-    resolved = registry.resolve(name, given)
-    return Stage(name, resolved, run_dir, Door(run_dir, name), None)
+    resolved = registry.resolve(name, given)  # context plan: its door plans, as the opener's
+    return Stage(name, resolved, run_dir, Door(run_dir, name, plan=given.get("context") == "plan"),
+                 None)
 
 
 def refusal_of(stage: Stage):

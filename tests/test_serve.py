@@ -29,8 +29,8 @@ FAULT_TIMEOUT_S = 120.0  # a fault must end the wait well before this
 
 
 def make_stage(run_dir: Path, name: str = "04_serve", given: dict | None = None) -> Stage:
-    p = params.resolve(name, given or {})
-    return Stage(name, p, run_dir, Door(run_dir, name), None)
+    p = params.resolve(name, given or {})  # context plan: its door plans, as the opener's
+    return Stage(name, p, run_dir, Door(run_dir, name, plan=p["context"] == "plan"), None)
 
 
 def by_name(gates) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from lib.stages import registry as params
 from lib.roots import pins
 from lib.engines import site_patches
-from lib.core.door import REPO_ROOT, Door
+from lib.core.door import REPO_ROOT, Door, read_transcript
 from lib.engines.site_patches import RECORD, SitePatchError
 
 PIN = "vllm_patch_deepep_v2_expert_ids"
@@ -54,8 +54,14 @@ def site(tmp_path):
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of the site but the door's record of the patch calls (site_patches.CALLS)."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+            if p.is_file() and p.relative_to(root).parts[0] != site_patches.CALLS}
+
+
+def patch_calls(site: Path) -> list[dict]:
+    """GNU patch's calls, as the door recorded them in the site."""
+    return read_transcript(site / site_patches.CALLS / "transcript.jsonl")
 
 
 def test_the_pinned_patch_applies_once_and_is_recorded(site):
@@ -69,9 +75,12 @@ def test_the_pinned_patch_applies_once_and_is_recorded(site):
     assert entry["files"] == {target: site_patches.sha256_file(site / target)}
     assert json.loads((site / RECORD).read_text()) == record
     assert not [p for p in site.rglob("*") if p.suffix in (".orig", ".rej")]
+    # GNU patch through the door: per patch its dry run, then the patch itself, each exit 0
+    calls = [(e["key"][0], "--dry-run" in e["key"], e["rc"]) for e in patch_calls(site)]
+    assert calls == [("patch", True, 0), ("patch", False, 0)] * 2
     applied = snapshot(site)
-    assert site_patches.apply(site, "vllm") == record  # again: nothing changes
-    assert snapshot(site) == applied
+    assert site_patches.apply(site, "vllm") == record  # again: nothing changes, nothing runs
+    assert snapshot(site) == applied and len(patch_calls(site)) == 4
 
 
 @pytest.mark.parametrize("case", ["other version", "file differs", "already applied",
@@ -95,6 +104,13 @@ def test_a_refusal_names_why_and_leaves_the_site_as_it_was(site, case, tmp_path)
     with pytest.raises(SitePatchError, match=expected):
         site_patches.apply(site, "vllm", data=data)
     assert snapshot(site) == untouched
+    # the dry runs that refused are recorded (GNU patch through the door), each with its exit
+    # code; a refusal before any patch ran (the version, the patch's sha256) ran nothing
+    tried = [(e["key"][0], "--dry-run" in e["key"], "--reverse" in e["key"], e["rc"])
+             for e in patch_calls(site)]
+    assert tried == {"file differs": [("patch", True, False, 1), ("patch", True, True, 1)],
+                     "already applied": [("patch", True, False, 1), ("patch", True, True, 0)],
+                     }.get(case, [])
 
 
 def test_the_command_line_says_what_it_did(site, capsys):
@@ -191,3 +207,18 @@ def test_a_site_of_another_pin_set_takes_that_set_s_package_and_patches(tmp_path
     assert (root / target).read_text() == after
     assert site_patches.patch_pins("vllm", pin_set="newest-2026-12") == []
     assert site_patches.main(["apply", str(root), "vllm", "--pin-set", "current"]) == 0
+
+
+def test_without_gnu_patch_the_refusal_says_it_is_needed_and_the_site_is_as_it_was(
+        site, tmp_path, monkeypatch):
+    """No `patch` on PATH: the door records the call it could not start (exit 127) and the
+    refusal names GNU patch; nothing of the site changed."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    untouched = snapshot(site)
+    with pytest.raises(SitePatchError, match=r"GNU patch is needed to apply 0001-.*\.patch: "
+                                             "command not found: patch"):
+        site_patches.apply(site, "vllm")
+    assert snapshot(site) == untouched
+    assert [(e["key"][0], e["rc"]) for e in patch_calls(site)] == [("patch", 127)]

@@ -12,21 +12,25 @@ with ``patch --dry-run`` first, so a patch that does not apply leaves SITE as it
 applied is written to ``SITE/.guide-patches.json``: the pin, the patch's sha256, and the sha256
 of every file it changed. Applying again is a no-op. ``applied_on(PYTHONPATH)`` reads those
 records back for a run's run.json, each file checked against its recorded sha256, so a run says
-which patched code it ran and whether that code changed after patching.
+which patched code it ran and whether that code changed after patching. GNU patch runs through
+the door, as every process: each call, its output and exit code in ``SITE/.guide-patches.calls/``
+(a transcript of its own: the site is patched before any run).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from lib.core.door import CallResult, Door
 from lib.core.errors import SitePatchError
 from lib.roots import pins as pins_mod
 
 RECORD = ".guide-patches.json"
+CALLS = ".guide-patches.calls"  # the door's folder in the site: GNU patch's calls, recorded
+PATCH_TIMEOUT_S = 60.0  # one patch of a few files; a patch that waits on a question never ends
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -82,6 +86,7 @@ def apply(site: Path, package_pin: str, *, data: dict | None = None,
     record = (json.loads(record_path.read_text()) if record_path.exists()
               else {"package": name, "version": version, "patches": []})
     done = {entry["pin"]: entry for entry in record["patches"]}
+    door = None  # made at the first patch to run: a site with nothing to do is not touched
     for pin_name, pin in patches:
         patch_file = repo_root / pin["path"]
         got = sha256_file(patch_file) if patch_file.is_file() else None
@@ -96,16 +101,17 @@ def apply(site: Path, package_pin: str, *, data: dict | None = None,
             # different patch file: forget the entry; the dry run below says whether it applies.
             record["patches"].remove(entry)
         files = patched_files(patch_file.read_text())
-        dry = _patch(site, patch_file, "--dry-run")
-        if dry.returncode != 0:
-            reverse = _patch(site, patch_file, "--dry-run", "--reverse")
+        door = door or Door(site / CALLS, "site_patches")
+        dry = _patch(door, site, patch_file, "--dry-run")
+        if dry.rc != 0:
+            reverse = _patch(door, site, patch_file, "--dry-run", "--reverse")
             raise SitePatchError(
                 f"pins.{pin_name}: {pin['path']} does not apply to {site}"
                 + (" (it is already applied there, but not recorded in " + RECORD + ")"
-                   if reverse.returncode == 0 else "")
+                   if reverse.rc == 0 else "")
                 + f":\n{dry.stdout}{dry.stderr}")
-        applied = _patch(site, patch_file)
-        if applied.returncode != 0:  # the dry run passed: not expected
+        applied = _patch(door, site, patch_file)
+        if applied.rc != 0:  # the dry run passed: not expected
             raise SitePatchError(f"pins.{pin_name}: patch failed after its dry run passed:\n"
                                  f"{applied.stdout}{applied.stderr}")
         record["patches"].append({"pin": pin_name, "path": pin["path"], "sha256": got,
@@ -121,14 +127,16 @@ def _unchanged(site: Path, files: dict[str, str]) -> bool:
     return all((site / f).is_file() and sha256_file(site / f) == sha for f, sha in files.items())
 
 
-def _patch(site: Path, patch_file: Path, *flags: str) -> subprocess.CompletedProcess:
+def _patch(door: Door, site: Path, patch_file: Path, *flags: str) -> CallResult:
     # --forward: never reverse a patch that looks applied; --batch: never ask; no backup files
-    try:
-        return subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
-                               *flags, "-d", str(site), "-i", str(patch_file)],
-                              capture_output=True, text=True, timeout=60)
-    except FileNotFoundError as exc:
-        raise SitePatchError(f"GNU patch is needed to apply {patch_file.name}: {exc}") from exc
+    done = door.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", *flags,
+                     "-d", str(site), "-i", str(patch_file)], timeout=PATCH_TIMEOUT_S,
+                    check=False)
+    if done.rc == 127 and done.stderr.startswith("command not found"):
+        raise SitePatchError(f"GNU patch is needed to apply {patch_file.name}: {done.stderr}")
+    if done.timed_out:
+        raise SitePatchError(f"patch {patch_file.name} did not end in {PATCH_TIMEOUT_S:.0f} s")
+    return done
 
 
 def applied_on(pythonpath: str | None) -> list[dict]:

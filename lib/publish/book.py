@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import nbformat
 
 from lib.core import evidence
 from lib.core.errors import BookRefused  # noqa: F401  raised here; callers import it here
-from lib.core.door import REPO_ROOT
+from lib.core.door import REPO_ROOT, Door
 from lib.publish import appendix, cited, coverage, pages, scan, sources
 from lib.publish.catalog import by_id, catalog, removed_runs
 from lib.stages.registry import STAGES
@@ -142,6 +141,11 @@ def stage_chapter(stage: str, chapter: str, run_dir: Path, published) -> nbforma
 # own extensions and the versions of the packages that render it (BUILD_INPUTS), or a page that
 # went away (its html would stay, linking to what may be gone).
 MANIFEST = ".src-manifest.json"
+# the book build's door folder under _build/ (its transcript and streams), and its deadline,
+# only so that a hung Sphinx ends: a whole build with no _build/ took 10 s (make book on this
+# 2-core machine, 2026-12-07, jupyter-book's own 5.8 s), far under it
+BUILD_CALLS = "build-calls"
+BUILD_TIMEOUT_S = 1800.0
 
 
 def build_inputs() -> str:
@@ -239,18 +243,22 @@ def build(run_dir: Path, out_root: Path = REPO_ROOT, results: Path | None = None
     digests.save()
     keep_unchanged_times(src, before, build_dir)
     jb = Path(sys.executable).with_name("jupyter-book")
-    done = subprocess.run([str(jb), "build", str(src), "--path-output", str(out_root), "-W",
-                           "-n", "--keep-going"],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    # through the door, as every process: its group stopped on Ctrl-C, its argv and streams
+    # recorded (cleaned of secrets and identities) in the build's own folder, the last build's
+    shutil.rmtree(build_dir / BUILD_CALLS, ignore_errors=True)
+    done = Door(build_dir / BUILD_CALLS, "_book").run(
+        [str(jb), "build", str(src), "--path-output", str(out_root), "-W", "-n", "--keep-going"],
+        timeout=BUILD_TIMEOUT_S, check=False)
     log = build_dir / "book-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     index = build_dir / "html" / "index.html"
-    if done.returncode != 0 or not index.exists():
+    if done.rc != 0 or done.timed_out or not index.exists():
         forget_build(build_dir)  # the next build reads every page again and says every warning
         warnings = [line for line in (done.stdout + done.stderr).splitlines()
                     if "WARNING" in line or "ERROR" in line]
-        raise RuntimeError(f"jupyter-book build failed (rc {done.returncode}, warnings are "
+        stopped = f", stopped after {BUILD_TIMEOUT_S:.0f} s" if done.timed_out else ""
+        raise RuntimeError(f"jupyter-book build failed (rc {done.rc}{stopped}, warnings are "
                            f"errors); see {log}:\n" + "\n".join(warnings[:20]))
     # nothing that names a private address, an account, a token or a person's home is published
     scan.refuse_identities(build_dir / "html")

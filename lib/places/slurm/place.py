@@ -39,8 +39,9 @@ run_ranks is Unsupported. pyxis is absent from the local test cluster, whose sru
 checked there, not run. The node probe is bash on the nodes themselves, never in the image.
 
 Serving (`model`, `serve`; stages 04, 05 and 06) is the SlurmServing this place holds
-(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's. While its door plans (context plan), this place's
-effects are records instead (`planned`, lib.places.slurm.plan.SlurmPlanned): the same code.
+(`serving`, lib.places.slurm.serve), AIPerf as a step lib.places.slurm.aiperf's. While its door
+plans (context plan), this place's effects are records instead (`planned`,
+lib.places.slurm.plan.SlurmPlanned): the same code.
 """
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ NODE_OUT = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")  # scontrol's node states
 class SlurmPlace(Place):
     """The slurm place (see the module's docstring). Its allocations and steps are its own
     methods, which while its door plans (context plan) are records instead (`planned`:
-    lib.places.slurm.plan.SlurmPlanned); its serving is the SlurmServing it holds (`serving`, lib.places.slurm.serve), which runs in
-    them; AIPerf's step is lib.places.slurm.aiperf's; the waits that poll Slurm are
+    lib.places.slurm.plan.SlurmPlanned); its serving is the SlurmServing it holds (`serving`,
+    lib.places.slurm.serve), which runs in them; AIPerf's step is lib.places.slurm.aiperf's; the waits that poll Slurm are
     lib.places.slurm.waits'."""
     kind = "slurm"
     what = "the slurm place (Slurm through sbatch/srun)"

@@ -557,6 +557,39 @@ def test_a_rank_pod_that_exits_non_zero_ends_the_job_at_once_its_peer_stopped(en
     assert env.objects_left() == []
 
 
+def scheduler_sees_cordoned(env, node: str, timeout_s: float = 60.0) -> None:
+    """Until the real scheduler's cache holds `node` cordoned (its informer can lag the API
+    server: under make test's load a rank pod was once placed on the node just cordoned): a
+    pod that fits only that node (node affinity on its name) is reported Unschedulable, saying
+    so; a probe placed there (not seen yet) is deleted and asked again."""
+    probe = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "cordon-probe", "namespace": env.namespace},
+             "spec": {"containers": [{"name": "probe", "image": IMAGE}],
+                      "affinity": {"nodeAffinity": {
+                          "requiredDuringSchedulingIgnoredDuringExecution": {
+                              "nodeSelectorTerms": [{"matchFields": [{
+                                  "key": "metadata.name", "operator": "In",
+                                  "values": [node]}]}]}}}}}
+    deadline = time.monotonic() + timeout_s
+    try:
+        env.plane.apply(probe)
+        while True:
+            pod = env.plane.get_json("pod", "cordon-probe", "-n", env.namespace)
+            said = [c.get("message", "") for c in pod["status"].get("conditions", [])
+                    if c["type"] == "PodScheduled" and c["status"] == "False"]
+            if any("unschedulable" in message for message in said):
+                return
+            assert time.monotonic() < deadline, f"the scheduler never saw {node} cordoned"
+            if pod["spec"].get("nodeName"):  # placed before the cordon reached the scheduler
+                env.plane.kubectl("delete", "pod", "cordon-probe", "-n", env.namespace,
+                                  "--grace-period=0", "--force", "--wait=true")
+                env.plane.apply(probe)
+            time.sleep(0.2)
+    finally:
+        env.plane.kubectl("delete", "pod", "cordon-probe", "-n", env.namespace,
+                          "--grace-period=0", "--force", "--ignore-not-found", "--wait=true")
+
+
 def test_two_node_ranks_placed_on_one_node_fail_03_naming_the_node(env, tmp_path):
     """Issue 43: one node cordoned (unschedulable), so the scheduler places both rank pods of
     test_ep on the other: each rank passes on its own, but the job measured one node's links,
@@ -565,6 +598,7 @@ def test_two_node_ranks_placed_on_one_node_fail_03_naming_the_node(env, tmp_path
     api = env.double._api
     api.patch(f"/api/v1/nodes/{b}", {"spec": {"unschedulable": True}}, kind="merge")
     try:
+        scheduler_sees_cordoned(env, b)
         env.ranks("test-ep-at-128-tokens", compose.compose_test_ep(tmp_path / "logs"))
         stage = env.stage("03_kernel_test", tmp_path / "run", test_ep_tokens="128")
         kernel.run(stage)

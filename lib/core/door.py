@@ -71,6 +71,8 @@ REVEAL_MAX_BYTES = 16 * 2 ** 20
 RETIRED = "retired"
 # The signals a stage's stop is asked with; held back while the door stops a process
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a program that could not be started (not on PATH): the shell's exit code and what stderr says
+NOT_FOUND_RC, NOT_FOUND = 127, "command not found"
 
 
 @dataclass
@@ -86,6 +88,11 @@ class CallResult:
     @property
     def ok(self) -> bool:
         return self.rc == 0 and not self.timed_out
+
+    @property
+    def not_found(self) -> bool:
+        """Whether its program could not be started: not on PATH (the shell's exit 127)."""
+        return self.rc == NOT_FOUND_RC and self.stderr.startswith(NOT_FOUND)
 
 
 @dataclass
@@ -436,7 +443,7 @@ class Door:
             self._held[seq] = copies  # the process may read them while it runs: kept to its stop
         except sh.CommandNotFound as exc:
             self._drop(copies)
-            running, pid, error = None, -1, self._clean(f"command not found: {exc}")
+            running, pid, error = None, -1, self._clean(f"{NOT_FOUND}: {exc}")
         recorded_env = self._clean_env(env)
         self._record(
             "start", key, pid=pid, error=error, log=self._clean(str(log_path)), env=recorded_env,
@@ -700,7 +707,7 @@ def _execute(argv, timeout, cwd, env, input, *, started: dict | None = None,
     except sh.TimeoutException as exc:
         rc, out, err, timed_out = 124, b"", f"timed out after {timeout} s: {exc}".encode(), True
     except sh.CommandNotFound:
-        rc, out, err, timed_out = 127, b"", f"command not found: {argv[0]}".encode(), False
+        rc, out, err, timed_out = NOT_FOUND_RC, b"", f"{NOT_FOUND}: {argv[0]}".encode(), False
     except sh.SignalException as exc:  # killed by a signal: keep what it printed
         rc, out, err, timed_out = exc.exit_code, exc.stdout, exc.stderr, False
     return rc, _decode(out), _decode(err), time.monotonic() - start, timed_out

@@ -132,7 +132,7 @@ def _patch(door: Door, site: Path, patch_file: Path, *flags: str) -> CallResult:
     done = door.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", *flags,
                      "-d", str(site), "-i", str(patch_file)], timeout=PATCH_TIMEOUT_S,
                     check=False)
-    if done.rc == 127 and done.stderr.startswith("command not found"):
+    if done.not_found:
         raise SitePatchError(f"GNU patch is needed to apply {patch_file.name}: {done.stderr}")
     if done.timed_out:
         raise SitePatchError(f"patch {patch_file.name} did not end in {PATCH_TIMEOUT_S:.0f} s")

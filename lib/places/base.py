@@ -226,9 +226,14 @@ class Place:
 
     kind = "?"
     what = "this place"
-    # whether this place only plans: its door records what would run, nothing is run (context
-    # plan, lib.places.planning; the kube and slurm places answer from their door's mode)
-    plans_only = False
+    # while its door plans (context plan, lib.places.planning): what the place does instead of
+    # acting on a cluster, its effects as records (the kube and slurm places make theirs)
+    planned = None
+
+    @property
+    def plans_only(self) -> bool:
+        """Whether this place only plans: its door records what would run, nothing is run."""
+        return self.planned is not None
     # whether DeepEP's GIN runs here (an RDMA NIC: EFA): the EP_NUM_COMMS lever needs it
     gin = True
     # the transport contract of lib.engines.transport its GPU processes get: the stage's

@@ -75,10 +75,6 @@ class KubePlace(Place):
             self.what = self.planned.what
         stage.on_exit(self.clean_up)
 
-    @property
-    def plans_only(self) -> bool:
-        return self.planned is not None
-
     # ---- kubectl --------------------------------------------------------------------------
     def kubectl(self, *args: str) -> list[str]:
         context = self.spec.kube_context

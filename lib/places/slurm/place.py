@@ -94,10 +94,6 @@ class SlurmPlace(Place):
         if self.planned:
             self.what = self.planned.what
 
-    @property
-    def plans_only(self) -> bool:
-        return self.planned is not None
-
     # ---- what the stage handed it (lib.places.base.PlaceSpec) --------------------------------
     def _image(self) -> str:
         """`image` as given ('' for none); a plan stands a placeholder in for it."""
